@@ -1,0 +1,46 @@
+# vlmq — the only commands a fresh machine needs: `make up`, `make test`, `make bench`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv up test lint bench bench-engine bench-service train train-smoke eval clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $(STAMP)
+
+up: venv
+	$(BIN)/python -m scripts.up
+
+test: venv
+	$(BIN)/python -m scripts.run_tests
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts
+
+bench: bench-engine bench-service
+
+bench-engine: venv
+	$(BIN)/python -m bench.engine_bench
+
+bench-service: venv
+	$(BIN)/python -m bench.service_bench
+
+train: venv
+	$(BIN)/python -m tinyvlm.train
+
+train-smoke: venv
+	$(BIN)/python -m tinyvlm.train --smoke
+
+eval: venv
+	$(BIN)/python -m tinyvlm.evaluate
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache runs .run
