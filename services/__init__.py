@@ -1,0 +1,5 @@
+"""vlmq model-side code: the inference engine and model loading.
+
+Importing this package registers the processor classes the bundled model needs with
+``transformers.AutoProcessor`` (see ``services.model.registration``).
+"""
