@@ -1,0 +1,1 @@
+"""What several vlmq processes must agree on: settings, message schemas, Redis keys, tensor codec."""

@@ -1,0 +1,83 @@
+"""Settings, one pydantic-settings class per process family, all read from ``VLMQ_*``.
+
+Every field is listed with its default in ``.env.example``. Each process reads its class
+once at start-up (``get_*_settings()``), so a test can set environment variables before
+starting a process and get a fully isolated configuration.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.keys import Keys
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VLMQ_", env_file=".env", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for jobs, images, streams, Celery")
+    key_prefix: str = Field("vlmq", description="Prefix of every Redis key (tests use their own)")
+    model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
+    model_name: str = Field("vlmq-tiny", description="Model id reported by /v1/models and responses")
+    job_ttl_s: int = Field(3600, description="How long job records and event streams are kept")
+    image_ttl_s: int = Field(900, description="How long uploaded image bytes and decoded tensors are kept")
+    session_ttl_s: int = Field(1800, description="How long a stored conversation is kept after its last turn")
+    max_image_bytes: int = Field(10 * 1024 * 1024, description="Largest accepted upload")
+    max_image_pixels: int = Field(40_000_000, description="Largest decoded image (width*height); bombs refused")
+    max_prompt_chars: int = Field(8000, description="Longest accepted prompt text")
+    default_max_tokens: int = Field(64, description="max_tokens when a request does not say")
+    max_tokens_limit: int = Field(512, description="Largest accepted max_tokens")
+    log_level: str = Field("INFO", description="Python log level of every process")
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix)
+
+
+class GatewaySettings(CommonSettings):
+    host: str = Field("127.0.0.1", description="Gateway bind address")
+    port: int = Field(8000, description="Gateway port")
+    result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (and Cache-Control max-age)")
+    worker_stale_s: float = Field(10.0, description="Heartbeat age after which /readyz counts a worker as gone")
+
+
+class DecodeWorkerSettings(CommonSettings):
+    decode_concurrency: int = Field(2, description="Celery prefork processes for image decoding")
+    visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
+    jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
+
+
+class InferenceSettings(CommonSettings):
+    quantize: str = Field("none", description="none|bf16|int8|int4, applied at load time")
+    device: str = Field("auto", description="auto|cpu|cuda")
+    max_batch: int | None = Field(None, description="Running batch cap; default 8 on CPU, from free memory on GPU")
+    batch_window_ms: float = Field(10.0, description="Admission window after the first waiting request")
+    max_context_tokens: int = Field(2048, description="Prompt + completion token limit")
+    prefix_cache: bool = Field(True, description="Reuse the system prompt's KV")
+    session_cache: bool = Field(True, description="Keep a session's KV between turns")
+    image_cache: bool = Field(True, description="Cache vision-encoder output by image digest")
+    prefix_cache_mb: int = Field(64, description="Prefix cache bound")
+    session_cache_mb: int = Field(512, description="Session cache bound")
+    image_cache_mb: int = Field(256, description="Image-embedding cache bound")
+    worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
+    heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
+    claim_idle_ms: int = Field(30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)")
+    max_deliveries: int = Field(3, description="Deliveries after which a job goes to the dead-letter state")
+
+
+@lru_cache
+def get_gateway_settings() -> GatewaySettings:
+    return GatewaySettings()
+
+
+@lru_cache
+def get_decode_worker_settings() -> DecodeWorkerSettings:
+    return DecodeWorkerSettings()
+
+
+@lru_cache
+def get_inference_settings() -> InferenceSettings:
+    return InferenceSettings()

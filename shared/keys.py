@@ -1,0 +1,72 @@
+"""Every Redis key vlmq uses, built in one place.
+
+All keys share the ``vlmq:`` prefix (overridable per deployment/test via ``VLMQ_KEY_PREFIX``)
+so a test run can use its own namespace and `make up` never collides with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INFERENCE_GROUP = "inference"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "vlmq"
+
+    # --- images and tensors (content-addressed, TTL) ---
+    def image(self, digest: str) -> str:
+        return f"{self.prefix}:img:{digest}"
+
+    def tensor(self, digest: str, processor_id: str) -> str:
+        return f"{self.prefix}:tensor:{processor_id}:{digest}"
+
+    # --- jobs ---
+    def job(self, job_id: str) -> str:
+        """Hash: the job record (spec, status, result, timings)."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def job_events(self, job_id: str) -> str:
+        """Stream: the job's events (status, token, done, error); entry ids are the event ids."""
+        return f"{self.prefix}:job:{job_id}:events"
+
+    def job_wake(self, job_id: str) -> str:
+        """Pub/sub channel: wakes listeners of a job's event stream; carries no data of its own."""
+        return f"{self.prefix}:job:{job_id}:wake"
+
+    def job_cancel(self, job_id: str) -> str:
+        """String flag set when a client cancels; read by workers before and during the run."""
+        return f"{self.prefix}:job:{job_id}:cancel"
+
+    # --- queues ---
+    def inference_stream(self) -> str:
+        """Stream read by inference workers through the consumer group ``INFERENCE_GROUP``."""
+        return f"{self.prefix}:inference"
+
+    def dead_letters(self) -> str:
+        """Stream of jobs that exceeded the delivery cap."""
+        return f"{self.prefix}:dead"
+
+    def celery_queue_depth(self) -> str:
+        return f"{self.prefix}:decode:pending"
+
+    # --- sessions and results ---
+    def session(self, session_id: str) -> str:
+        """Hash: the conversation (messages JSON, image digest, worker affinity)."""
+        return f"{self.prefix}:session:{session_id}"
+
+    def result_cache(self, request_hash: str) -> str:
+        return f"{self.prefix}:result:{request_hash}"
+
+    # --- workers ---
+    def worker_heartbeat(self, worker_id: str) -> str:
+        """String (JSON stats) with a short TTL; its presence means the worker is alive."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def worker_pattern(self) -> str:
+        return f"{self.prefix}:worker:*"
+
+    def metrics_counters(self) -> str:
+        """Hash of counters published by workers (jobs by outcome, stage time sums...)."""
+        return f"{self.prefix}:metrics"

@@ -1,0 +1,118 @@
+"""Messages between vlmq processes (pydantic models; JSON on the wire).
+
+Direction gateway -> workers: ``JobSpec`` (stored in the job hash, field ``spec``) and the
+inference stream entry (``job_id`` + ``attempt``). Direction workers -> gateway: ``JobEvent``
+entries of a job's event stream, and the job hash fields listed in ``JobRecord``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"  # accepted, decode task enqueued
+    DECODING = "decoding"  # a decode worker is on it
+    WAITING = "waiting"  # tensor ready, in the inference stream
+    GENERATING = "generating"  # admitted into the running batch
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+
+
+class SamplingSpec(BaseModel):
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ChatTurn(BaseModel):
+    """One message of a conversation; ``image`` marks the turn that carries the session image."""
+
+    role: Literal["system", "user", "assistant"]
+    text: str
+    image: bool = False
+
+
+class JobSpec(BaseModel):
+    """Everything a worker needs to run a job. Image bytes are never inside: only the digest."""
+
+    job_id: str
+    created_at: float
+    deadline: float | None = None
+    image_digest: str | None = None
+    image_format: str | None = None
+    messages: list[ChatTurn]
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    session_id: str | None = None
+    use_cache: bool = True  # False bypasses engine caches (exactness tests, benchmarks)
+    cancel_on_disconnect: bool = False
+    source: Literal["jobs", "ws", "openai"] = "jobs"
+
+
+class StageTimings(BaseModel):
+    """Seconds per stage, the seeds' latency table per job."""
+
+    queue: float = 0.0  # accepted -> decode started
+    decode: float = 0.0  # image bytes -> tensor
+    wait: float = 0.0  # tensor ready -> admitted into a batch
+    vision: float = 0.0
+    prefill: float = 0.0
+    generation: float = 0.0
+    ttft: float = 0.0  # accepted -> first token
+    total: float = 0.0  # accepted -> terminal
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+EventType = Literal["status", "token", "done", "error"]
+
+
+class JobEvent(BaseModel):
+    """One entry of a job's event stream. ``attempt`` separates the tokens of a retried job."""
+
+    type: EventType
+    attempt: int = 1
+    status: JobStatus | None = None
+    text: str | None = None  # token text delta
+    token_ids: list[int] | None = None
+    index: int | None = None  # completion tokens before this event
+    finish_reason: str | None = None
+    final_text: str | None = None
+    usage: UsageInfo | None = None
+    timings: StageTimings | None = None
+    error: str | None = None
+
+    def to_fields(self) -> dict[str, str]:
+        return {"data": self.model_dump_json(exclude_none=True)}
+
+    @classmethod
+    def from_fields(cls, fields: dict[Any, Any]) -> JobEvent:
+        raw = fields.get(b"data", fields.get("data"))
+        return cls.model_validate_json(raw)

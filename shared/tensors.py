@@ -1,0 +1,70 @@
+"""msgpack codec for named tensors: compact dtype on the wire, hard limits on unpack.
+
+Pickle is never used between processes; a malformed or oversized payload raises
+``TensorCodecError`` instead of allocating without bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_TENSORS = 16
+MAX_ELEMENTS = 16 * 1024 * 1024
+_WIRE_DTYPES = {"float32", "float16", "bfloat16", "int64", "int32", "uint8"}
+
+
+class TensorCodecError(ValueError):
+    pass
+
+
+def pack_tensors(tensors: dict[str, torch.Tensor], wire_dtype: str = "float16") -> bytes:
+    """Floating tensors travel as ``wire_dtype`` (float16 halves the bytes of pixel values)."""
+    entries = {name: _pack_one(t, wire_dtype) for name, t in tensors.items()}
+    return msgpack.packb(entries, use_bin_type=True)
+
+
+def unpack_tensors(payload: bytes) -> dict[str, torch.Tensor]:
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise TensorCodecError(f"tensor payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        raw = msgpack.unpackb(payload, raw=False, max_bin_len=MAX_PAYLOAD_BYTES, max_map_len=MAX_TENSORS)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise TensorCodecError(f"malformed tensor payload: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise TensorCodecError("tensor payload is not a map")
+    return {str(name): _unpack_one(entry) for name, entry in raw.items()}
+
+
+def _pack_one(tensor: torch.Tensor, wire_dtype: str) -> dict[str, Any]:
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point():
+        tensor = tensor.to(getattr(torch, wire_dtype))
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype == "bfloat16":  # numpy has no bfloat16: ship the raw 16-bit pattern
+        data = tensor.contiguous().view(torch.int16).numpy().tobytes()
+    else:
+        data = tensor.contiguous().numpy().tobytes()
+    return {"dtype": dtype, "shape": list(tensor.shape), "data": data}
+
+
+def _unpack_one(entry: Any) -> torch.Tensor:
+    if not isinstance(entry, dict) or {"dtype", "shape", "data"} - entry.keys():
+        raise TensorCodecError("tensor entry lacks dtype/shape/data")
+    dtype, shape, data = entry["dtype"], entry["shape"], entry["data"]
+    if dtype not in _WIRE_DTYPES:
+        raise TensorCodecError(f"unsupported tensor dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise TensorCodecError(f"bad tensor shape {shape!r}")
+    count = int(np.prod(shape)) if shape else 1
+    if count > MAX_ELEMENTS:
+        raise TensorCodecError(f"tensor of {count} elements exceeds {MAX_ELEMENTS}")
+    np_dtype = np.int16 if dtype == "bfloat16" else np.dtype(dtype)
+    if not isinstance(data, bytes) or len(data) != count * np.dtype(np_dtype).itemsize:
+        raise TensorCodecError("tensor data length does not match its shape")
+    tensor = torch.from_numpy(np.frombuffer(data, dtype=np_dtype).copy()).reshape(shape)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
