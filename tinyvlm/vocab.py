@@ -1,0 +1,43 @@
+"""The closed world the tiny VLM talks about: attributes, answers and the default system prompt.
+
+Everything here feeds the tokenizer's training corpus, so changing it after the
+tokenizer is built only makes new words split into more byte-level pieces.
+"""
+
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (30, 70, 220),
+    "yellow": (240, 220, 20),
+    "orange": (250, 140, 10),
+    "purple": (140, 40, 180),
+    "pink": (250, 120, 190),
+    "cyan": (20, 210, 230),
+}
+SIZES: tuple[str, ...] = ("small", "big")
+# 3x3 grid cells, indexed (column, row), named as a person would describe them.
+CELL_NAMES: dict[tuple[int, int], str] = {
+    (0, 0): "top left",
+    (1, 0): "top",
+    (2, 0): "top right",
+    (0, 1): "left",
+    (1, 1): "centre",
+    (2, 1): "right",
+    (0, 2): "bottom left",
+    (1, 2): "bottom",
+    (2, 2): "bottom right",
+}
+RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
+# Glyphs for rendered text: digits and letters that stay distinct at 16 px per token.
+GLYPHS: tuple[str, ...] = tuple("0123456789") + tuple("ABEHKMRTXZ")
+MAX_OBJECTS = 6
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are vlmq-tiny, a small vision assistant. You look at one picture of simple shapes "
+    "drawn on a plain background and answer questions about it. Shapes can be a circle, square, "
+    "triangle, star, diamond, hexagon or cross, in eight colours, small or big, placed on a three "
+    "by three grid. Some pictures also show one large digit or letter. Answer with one or two words "
+    "or a number, with no full stop. Read digits and letters exactly as written. If the user asks a "
+    "follow-up question, it is about the same object as before."
+)
