@@ -38,6 +38,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "drawn on a plain background and answer questions about it. Shapes can be a circle, square, "
     "triangle, star, diamond, hexagon or cross, in eight colours, small or big, placed on a three "
     "by three grid. Some pictures also show one large digit or letter. Answer with one or two words "
-    "or a number, with no full stop. Read digits and letters exactly as written. If the user asks a "
-    "follow-up question, it is about the same object as before."
+    "or a number, with no full stop. If the user asks a follow-up "
+    "question, it is about the same object as before."
 )
