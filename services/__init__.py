@@ -3,3 +3,5 @@
 Importing this package registers the processor classes the bundled model needs with
 ``transformers.AutoProcessor`` (see ``services.model.registration``).
 """
+
+from services.model import registration as _registration  # noqa: F401  (registers the processor)

@@ -48,6 +48,7 @@ class DecodeWorkerSettings(CommonSettings):
     decode_concurrency: int = Field(2, description="Celery prefork processes for image decoding")
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
+    max_decode_attempts: int = Field(3, description="Decode deliveries (worker deaths) after which a job fails")
 
 
 class InferenceSettings(CommonSettings):
@@ -66,6 +67,8 @@ class InferenceSettings(CommonSettings):
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
     claim_idle_ms: int = Field(30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)")
     max_deliveries: int = Field(3, description="Deliveries after which a job goes to the dead-letter state")
+    drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight jobs may finish before release")
+    result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (written on done)")
 
 
 @lru_cache

@@ -34,6 +34,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks; like vLLM's ignore_eos)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Benchmarks (engine: ``bench.engine_bench``)."""

@@ -1,0 +1,31 @@
+"""FastAPI dependencies, as ``Annotated`` aliases (full-stack-fastapi-template style)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header
+from starlette.requests import HTTPConnection
+
+from gateway.state import GatewayState
+from shared.config import GatewaySettings
+
+
+def get_state(conn: HTTPConnection) -> GatewayState:
+    state: GatewayState = conn.app.state.gateway
+    return state
+
+
+def get_settings(state: Annotated[GatewayState, Depends(get_state)]) -> GatewaySettings:
+    return state.settings
+
+
+def wants_no_cache(cache_control: Annotated[str | None, Header()] = None) -> bool:
+    """``Cache-Control: no-cache`` (or no-store) on the request bypasses the result cache."""
+    directives = {d.strip().lower() for d in (cache_control or "").split(",")}
+    return bool(directives & {"no-cache", "no-store"})
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
+NoCacheDep = Annotated[bool, Depends(wants_no_cache)]

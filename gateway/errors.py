@@ -1,0 +1,95 @@
+"""One error shape for every route: OpenAI's ``{"error": {message, type, param, code}}``.
+
+``APIError`` subclasses Starlette's ``HTTPException`` so FastAPI lets it through unchanged
+even when it is raised while the body is being read (body-size limit).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(HTTPException):
+    """A client-facing error: status, clear message, optional offending parameter."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status_code=status_code, detail=message, headers=headers)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(errors: list[Any]) -> tuple[str, str | None]:
+    """Pydantic errors -> one readable line and the first offending field."""
+    parts, first = [], None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        field = ".".join(loc) or None
+        first = first or field
+        parts.append(f"{field}: {err.get('msg')}" if field else str(err.get("msg")))
+    return "; ".join(parts) or "invalid request", first
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        body = error_body(exc.status_code, exc.message, exc.param, exc.code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        body = error_body(exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        message, param = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(422, message, param), status_code=422)
+
+    async def on_redis_down(_: Request, exc: Exception) -> JSONResponse:
+        # Fail fast and say why: clients retry, jobs already accepted stay in Redis.
+        log.warning("redis unavailable: %s", exc)
+        body = error_body(503, "job store unavailable, retry shortly", code="redis_unavailable")
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(redis.exceptions.ConnectionError, on_redis_down)
+    app.add_exception_handler(redis.exceptions.TimeoutError, on_redis_down)

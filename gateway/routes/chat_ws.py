@@ -1,0 +1,131 @@
+"""``WS /v1/chat/ws``: submit and stream in one connection (the web page's channel).
+
+Client -> server: a job as JSON (``prompt``, ``image`` as a data URL or omitted within a
+session, ``session_id``, sampling params), or ``{"type": "cancel"}`` to stop the job that
+is streaming. Jobs sent while one streams wait their turn (in order).
+Server -> client: ``{"type": "accepted", "id", "session_id"}``, then the job's events
+(``status``/``token``/``done``/``error``, each with ``id``), then the next job's.
+A refused submission answers ``{"type": "error", "status", "error", "param"}`` and the
+connection stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from gateway.deps import StateDep
+from gateway.errors import APIError
+from gateway.images import decode_base64_image
+from gateway.jobs import cancel_job
+from gateway.params import parse_params
+from gateway.state import GatewayState
+from gateway.streaming import job_events, ws_send_events
+from gateway.submission import Accepted, commit_job, prepare_job
+
+router = APIRouter(tags=["chat"])
+MAX_PENDING = 16  # submissions queued behind the streaming one
+
+
+async def _submit(state: GatewayState, message: dict[str, Any]) -> Accepted:
+    raw = {k: v for k, v in message.items() if k != "type"}
+    raw.setdefault("cancel_on_disconnect", True)  # page closed: stop generating for nobody
+    image = raw.pop("image", None)
+    if image is not None and not isinstance(image, str):
+        raise APIError(400, "image: expected a data: URL or base64 string", param="image")
+    data = decode_base64_image(image, state.settings.max_image_bytes) if image else None
+    params = parse_params(raw)
+    return await commit_job(state, await prepare_job(state, params, data, source="ws"))
+
+
+def _error(exc: APIError) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "status": exc.status_code,
+        "error": exc.message,
+        "param": exc.param,
+        "code": exc.code,
+    }
+
+
+class _Connection:
+    """Reads client messages for the whole connection: cancels act at once, jobs queue up."""
+
+    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+        self.ws, self.state = websocket, state
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING)
+        self.current: str | None = None
+
+    async def read(self) -> None:
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            while True:
+                message = _parse(await self.ws.receive_text())
+                if message is None:
+                    await self.ws.send_json(
+                        {"type": "error", "status": 400, "error": "messages must be JSON objects"}
+                    )
+                elif message.get("type") == "cancel":
+                    await self.cancel_current()
+                else:
+                    await self.inbox.put(message)
+
+    async def cancel_current(self) -> None:
+        if self.current is not None:
+            with contextlib.suppress(APIError):  # already finished: nothing to cancel
+                await cancel_job(self.state, self.current)
+
+    async def next_job(self, reader: asyncio.Task[None]) -> dict[str, Any] | None:
+        """The next submission, or None once the client has left."""
+        getter = asyncio.create_task(self.inbox.get())
+        done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        return None
+
+
+def _parse(text: str) -> dict[str, Any] | None:
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+@router.websocket("/v1/chat/ws")
+async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
+    await websocket.accept()
+    conn = _Connection(websocket, state)
+    reader = asyncio.create_task(conn.read())
+    try:
+        while (message := await conn.next_job(reader)) is not None:
+            try:
+                accepted = await _submit(state, message)
+            except APIError as exc:
+                await websocket.send_json(_error(exc))
+                continue
+            spec = accepted.spec
+            conn.current = spec.job_id
+            await websocket.send_json(
+                {
+                    "type": "accepted",
+                    "id": spec.job_id,
+                    "session_id": spec.session_id,
+                    "status": accepted.status.value,
+                    "result_cached": accepted.cached is not None,
+                }
+            )
+            events = job_events(state, spec.job_id, "0", "chat_ws", spec.cancel_on_disconnect)
+            finished = await ws_send_events(websocket, events, reader)
+            conn.current = None
+            if not finished:
+                return
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    finally:
+        reader.cancel()

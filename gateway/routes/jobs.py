@@ -1,0 +1,81 @@
+"""``/v1/jobs``: submit, poll, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway.deps import NoCacheDep, StateDep
+from gateway.forms import read_submission
+from gateway.jobs import cancel_job, job_view
+from gateway.submission import Accepted, commit_job, prepare_job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def job_urls(request: Request, job_id: str) -> dict[str, str]:
+    base = str(request.base_url).rstrip("/")
+    ws_base = "ws" + base.removeprefix("http")  # http->ws, https->wss
+    return {
+        "status_url": f"{base}/v1/jobs/{job_id}",
+        "events_url": f"{base}/v1/jobs/{job_id}/events",
+        "stream_url": f"{ws_base}/v1/jobs/{job_id}/stream",
+    }
+
+
+def accepted_body(request: Request, accepted: Accepted) -> dict[str, Any]:
+    spec = accepted.spec
+    body: dict[str, Any] = {
+        "id": spec.job_id,
+        "object": "job",
+        "status": accepted.status.value,
+        "session_id": spec.session_id,
+        **job_urls(request, spec.job_id),
+        "result_cached": accepted.cached is not None,
+    }
+    if accepted.cached is not None:
+        body.update(
+            text=accepted.cached.text,
+            finish_reason=accepted.cached.finish_reason,
+            usage=accepted.cached.usage.model_dump(),
+        )
+    return body
+
+
+def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:
+    if accepted.cached is not None:
+        return {"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"}
+    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": "bypass" if bypassed else "miss"}
+
+
+@router.post("", status_code=202)
+async def submit_job(request: Request, state: StateDep, no_cache: NoCacheDep) -> JSONResponse:
+    """Multipart (file in ``image``) or JSON (``image`` as base64 / data URL) -> 202 + URLs."""
+    params, image = await read_submission(request, state.settings)
+    with state.metrics.submit_seconds.time():
+        prepared = await prepare_job(state, params, image, source="jobs")
+        accepted = await commit_job(state, prepared, use_result_cache=not no_cache)
+    body = accepted_body(request, accepted)
+    headers = {
+        **cache_headers(accepted, no_cache, state.settings.result_cache_ttl_s),
+        "Location": body["status_url"],
+    }
+    return JSONResponse(body, status_code=202, headers=headers)
+
+
+@router.get("/{job_id}")
+async def get_job(job_id: str, state: StateDep) -> dict[str, Any]:
+    return await job_view(state, job_id)
+
+
+@router.delete("/{job_id}")
+async def delete_job(job_id: str, state: StateDep) -> JSONResponse:
+    """Cancel: 200 when the job is now cancelled, 202 when the running job was asked to stop
+    (it ends as cancelled at its next decode step), 409 when it had already finished."""
+    status, _ = await cancel_job(state, job_id)
+    code = 202 if not status.terminal else 200
+    return JSONResponse(
+        {"id": job_id, "object": "job", "status": status.value, "cancel_requested": True}, status_code=code
+    )

@@ -1,0 +1,131 @@
+"""OpenAI-compatible API: ``POST /v1/chat/completions`` (stream or not), ``GET /v1/models``.
+
+The client going away before the end cancels the job (abort on disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from gateway.deps import NoCacheDep, StateDep
+from gateway.errors import APIError, error_body
+from gateway.jobs import load_record
+from gateway.openai_compat import (
+    ChatCompletionRequest,
+    chunk_json,
+    completion_json,
+    prepare_openai_job,
+    usage_json,
+)
+from gateway.params import SESSION_ID_PATTERN
+from gateway.state import GatewayState
+from gateway.streaming import job_events
+from gateway.submission import Accepted, commit_job
+from shared.jobs import JobRecord
+from shared.schemas import JobStatus
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+_TERMINAL_ERRORS = {
+    JobStatus.FAILED: (500, "generation failed"),
+    JobStatus.EXPIRED: (504, "deadline passed before the answer was complete"),
+    JobStatus.CANCELLED: (409, "the job was cancelled"),
+}
+
+
+@router.get("/models")
+async def list_models(state: StateDep) -> dict[str, Any]:
+    name = state.settings.model_name
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vlmq"}]}
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    state: StateDep,
+    no_cache: NoCacheDep,
+    x_session_id: Annotated[str | None, Header(pattern=SESSION_ID_PATTERN)] = None,
+) -> JSONResponse | EventSourceResponse:
+    prepared = prepare_openai_job(body, state.settings, x_session_id)
+    accepted = await commit_job(state, prepared, use_result_cache=not no_cache)
+    headers = _headers(accepted, state.settings.result_cache_ttl_s)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventSourceResponse(_chunks(state, accepted, include_usage), headers=headers, ping=15)
+    record = await _wait(request, state, accepted.spec.job_id)
+    if record is None:  # client left: job_events already cancelled it
+        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    if record.status != JobStatus.DONE:
+        status, message = _TERMINAL_ERRORS.get(record.status, (500, "generation failed"))
+        detail = f"{message}: {record.error}" if record.error else message
+        raise APIError(status, detail, code=record.status.value)
+    return JSONResponse(
+        completion_json(accepted.spec.job_id, state.settings.model_name, record), headers=headers
+    )
+
+
+def _headers(accepted: Accepted, max_age: int) -> dict[str, str]:
+    headers = {"X-VLMQ-Job-Id": accepted.spec.job_id, "X-Session-Id": accepted.spec.session_id or ""}
+    if accepted.cached is not None:
+        headers.update({"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"})
+    else:
+        headers["Cache-Control"] = "no-store"
+    return headers
+
+
+async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord | None:
+    """The finished record, or None when the client disconnects first (then the job is cancelled)."""
+
+    async def until_terminal() -> None:
+        async for _ in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
+            pass
+
+    async def until_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting, leaving = asyncio.create_task(until_terminal()), asyncio.create_task(until_disconnect())
+    try:
+        done, _ = await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, leaving):
+            task.cancel()
+        await asyncio.gather(waiting, leaving, return_exceptions=True)
+    if waiting not in done:
+        return None
+    waiting.result()
+    return await load_record(state, job_id)
+
+
+async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:
+    job_id, model = accepted.spec.job_id, state.settings.model_name
+    created = int(accepted.spec.created_at)
+    yield json.dumps(chunk_json(job_id, model, created, {"role": "assistant", "content": ""}))
+    streamed = False
+    async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
+        if event.type == "token" and event.text:
+            streamed = True
+            yield json.dumps(chunk_json(job_id, model, created, {"content": event.text}))
+        elif event.type == "done":
+            if not streamed and event.final_text:  # result-cache hit: no token events
+                yield json.dumps(chunk_json(job_id, model, created, {"content": event.final_text}))
+            yield json.dumps(chunk_json(job_id, model, created, {}, event.finish_reason or "stop"))
+            if include_usage:
+                yield json.dumps(
+                    chunk_json(job_id, model, created, {}, usage=usage_json(event.usage), choices=False)
+                )
+        elif event.type == "error" or (event.type == "status" and event.status and event.status.terminal):
+            status, message = _TERMINAL_ERRORS.get(
+                event.status or JobStatus.FAILED, (500, "generation failed")
+            )
+            detail = f"{message}: {event.error}" if event.error else message
+            yield json.dumps(error_body(status, detail, code=(event.status or JobStatus.FAILED).value))
+    yield "[DONE]"

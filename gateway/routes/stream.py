@@ -1,0 +1,65 @@
+"""Resumable event streams of one job: SSE (``/events``) and WebSocket (``/stream``).
+
+Resume with the last event id seen: SSE ``Last-Event-ID`` header (browsers send it on
+reconnect) or ``?last_event_id=``; WebSocket ``?last_event_id=``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, WebSocket
+from sse_starlette import EventSourceResponse
+
+from gateway.deps import StateDep
+from gateway.errors import APIError, error_body
+from gateway.events import check_event_id
+from gateway.jobs import load_record
+from gateway.state import GatewayState
+from gateway.streaming import event_payload, job_events, until_disconnect, ws_open, ws_send_events
+
+router = APIRouter(prefix="/v1/jobs", tags=["streams"])
+
+PING_S = 15
+
+
+async def _sse(state: GatewayState, job_id: str, last_id: str, cancel: bool) -> AsyncIterator[dict[str, Any]]:
+    async for event_id, event in job_events(state, job_id, last_id, "sse", cancel):
+        yield {"id": event_id, "event": event.type, "data": json.dumps(event_payload(event_id, event))}
+
+
+@router.get("/{job_id}/events")
+async def job_events_sse(
+    job_id: str,
+    state: StateDep,
+    last_event_id: Annotated[str | None, Query()] = None,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    record = await load_record(state, job_id)
+    last_id = check_event_id(last_event_id_header or last_event_id)
+    stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
+    return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
+
+
+@router.websocket("/{job_id}/stream")
+async def job_events_ws(
+    websocket: WebSocket, job_id: str, state: StateDep, last_event_id: Annotated[str | None, Query()] = None
+) -> None:
+    await websocket.accept()
+    try:
+        record = await load_record(state, job_id)
+        last_id = check_event_id(last_event_id)
+    except APIError as exc:
+        await websocket.send_json({"type": "error", **error_body(exc.status_code, exc.message, exc.param)})
+        await websocket.close(code=4000 + exc.status_code, reason=exc.message[:120])
+        return
+    events = job_events(state, job_id, last_id, "ws", record.spec.cancel_on_disconnect)
+    watcher = asyncio.create_task(until_disconnect(websocket))
+    try:
+        if await ws_send_events(websocket, events, watcher) and ws_open(websocket):
+            await websocket.close(code=1000)
+    finally:
+        watcher.cancel()

@@ -1,0 +1,91 @@
+"""Gateway side of sessions (docs/service-contract.md §Sessions).
+
+The gateway creates a session on its first job (image digest, optional system turn) and
+refreshes its TTL on later jobs; the inference worker appends each finished turn. The one
+exception is a result-cache hit: no worker runs, so the gateway records the turn itself, the
+same way the worker does (``shared.sessions.session_fields``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+from shared.schemas import ChatTurn, JobSpec
+from shared.sessions import load_messages, session_fields
+
+
+@dataclass
+class Session:
+    session_id: str
+    image_digest: str | None
+    image_format: str | None
+    messages: list[ChatTurn] = field(default_factory=list)
+    updated_at: float = 0.0
+
+    @property
+    def system(self) -> str | None:
+        return next((t.text for t in self.messages if t.role == "system"), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.session_id,
+            "image_digest": self.image_digest,
+            "image_format": self.image_format,
+            "turns": [t.model_dump() for t in self.messages],
+            "updated_at": self.updated_at,
+        }
+
+
+async def load_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> Session | None:
+    raw = await redis.hgetall(keys.session(session_id))
+    if not raw:
+        return None
+    fields = {_s(k): _s(v) for k, v in raw.items()}
+    return Session(
+        session_id=session_id,
+        image_digest=fields.get("image_digest") or None,
+        image_format=fields.get("image_format") or None,
+        messages=parse_turns(fields.get("messages")),
+        updated_at=float(fields.get("updated_at") or 0.0),
+    )
+
+
+def parse_turns(raw: str | None) -> list[ChatTurn]:
+    try:
+        return load_messages(raw)
+    except (ValueError, TypeError):  # unreadable history: start over rather than fail the job
+        return []
+
+
+def new_session_fields(image_digest: str, image_format: str, system: str | None) -> dict[str, str]:
+    turns = [ChatTurn(role="system", text=system)] if system else []
+    return {
+        "image_digest": image_digest,
+        "image_format": image_format,
+        "messages": json.dumps([t.model_dump() for t in turns]),
+        "updated_at": str(time.time()),
+    }
+
+
+def record_cached_turn(
+    pipe: aioredis.client.Pipeline, keys: Keys, spec: JobSpec, answer: str, ttl_s: int
+) -> None:
+    """A result-cache hit finishes the turn without a worker: record it as the worker would."""
+    if spec.session_id:
+        fields: dict[Any, Any] = session_fields(spec, answer)
+        pipe.hset(keys.session(spec.session_id), mapping=fields)
+        pipe.expire(keys.session(spec.session_id), ttl_s)
+
+
+async def delete_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> bool:
+    return bool(await redis.delete(keys.session(session_id)))
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

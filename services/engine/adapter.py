@@ -1,0 +1,169 @@
+"""What the engine needs to know about one VLM architecture, behind one small class.
+
+Two families cover Qwen2-VL, GLM-4V (and the bundled vlmq-tiny) and Llava:
+- *grid* models take ``pixel_values`` of flattened patches plus ``image_grid_thw`` and use 3-D M-RoPE
+  positions (``get_rope_index``); an image becomes ``t*h*w / merge**2`` placeholder tokens.
+- *fixed* models (Llava) take ``(1, C, S, S)`` pixels, give a fixed token count per image, 1-D positions.
+The engine always passes ``inputs_embeds`` and explicit ``position_ids``, so the model's own mutable
+``rope_deltas`` is never read or written by engine forwards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from services.engine.api import ImageInput, RequestRejected
+
+
+class ModelAdapter:
+    def __init__(self, model: Any, processor: Any) -> None:
+        self.model = model
+        self.base = getattr(model, "model", model)
+        self.config = model.config
+        self.text_config = model.config.get_text_config(decoder=True)
+        self.vision_config = getattr(model.config, "vision_config", None)
+        self.image_token_id = int(model.config.image_token_id)
+        self.grid = hasattr(self.base, "get_rope_index")
+        self.embed_tokens = model.get_input_embeddings()
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        if not self.grid and not hasattr(self.vision_config, "image_size"):
+            raise ValueError(f"unsupported VLM architecture: {type(model).__name__}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def merge(self) -> int:
+        return int(getattr(self.vision_config, "spatial_merge_size", 1))
+
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            ids.update([eos] if isinstance(eos, int) else list(eos or []))
+        return ids
+
+    def kv_bytes_per_token(self) -> int:
+        tc = self.text_config
+        heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        return 2 * tc.num_hidden_layers * heads * head_dim * self.dtype.itemsize
+
+    # --- images ---------------------------------------------------------------------------------
+    def tokens_per_image(self, image: ImageInput) -> int:
+        if self.grid:
+            return int(image.image_grid_thw.prod()) // self.merge**2
+        vc = self.vision_config
+        n = (vc.image_size // vc.patch_size) ** 2
+        return n + (1 if getattr(self.config, "vision_feature_select_strategy", "default") == "full" else 0)
+
+    def check_image(self, image: ImageInput, index: int) -> None:
+        """Refuse tensors the vision encoder would choke on (or silently misread)."""
+        pv = image.pixel_values
+        where = f"image {index}"
+        if not isinstance(pv, torch.Tensor) or not pv.is_floating_point():
+            raise RequestRejected(f"{where}: pixel_values must be a floating-point tensor")
+        if not torch.isfinite(pv).all():
+            raise RequestRejected(f"{where}: pixel_values contain NaN or Inf")
+        if len(image.digest) != 64 or any(c not in "0123456789abcdef" for c in image.digest):
+            raise RequestRejected(f"{where}: digest must be the full sha256 hex of the image bytes")
+        (self._check_grid if self.grid else self._check_fixed)(image, where)
+
+    def _check_grid(self, image: ImageInput, where: str) -> None:
+        vc, grid, pv = self.vision_config, image.image_grid_thw, image.pixel_values
+        if grid.shape != (1, 3) or int(grid.min()) <= 0:
+            raise RequestRejected(f"{where}: image_grid_thw must have shape (1, 3) with positive values")
+        _, h, w = (int(v) for v in grid[0])
+        if h % self.merge or w % self.merge:
+            raise RequestRejected(f"{where}: grid {h}x{w} not divisible by merge size {self.merge}")
+        channels = getattr(vc, "in_channels", None) or getattr(vc, "in_chans", 3)
+        dim = channels * vc.temporal_patch_size * vc.patch_size**2
+        if pv.ndim != 2 or pv.shape != (int(grid.prod()), dim):
+            raise RequestRejected(
+                f"{where}: pixel_values shape {tuple(pv.shape)} != ({int(grid.prod())}, {dim}) for grid {grid.tolist()}"
+            )
+
+    def _check_fixed(self, image: ImageInput, where: str) -> None:
+        vc, pv = self.vision_config, image.pixel_values
+        want = (1, getattr(vc, "num_channels", 3), vc.image_size, vc.image_size)
+        if tuple(pv.shape) != want:
+            raise RequestRejected(f"{where}: pixel_values shape {tuple(pv.shape)} != {want}")
+
+    @torch.inference_mode()
+    def encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        """Vision encoder over several images at once; one (tokens, hidden) tensor per image."""
+        pv = torch.cat([im.pixel_values for im in images]).to(self.device, self.dtype)
+        if self.grid:
+            grid = torch.cat([im.image_grid_thw for im in images]).to(self.device)
+            out = self.base.get_image_features(pixel_values=pv, image_grid_thw=grid)
+        else:
+            out = self.base.get_image_features(
+                pixel_values=pv,
+                vision_feature_layer=self.config.vision_feature_layer,
+                vision_feature_select_strategy=self.config.vision_feature_select_strategy,
+            )
+        feats = getattr(out, "pooler_output", out)
+        flat = torch.cat(list(feats)) if isinstance(feats, list | tuple) else feats
+        flat = flat.reshape(-1, flat.shape[-1]).to(self.dtype)
+        return list(torch.split(flat, [self.tokens_per_image(im) for im in images]))
+
+    # --- positions ------------------------------------------------------------------------------
+    def positions(self, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
+        """Per-token positions of a whole prompt: (3, N) for M-RoPE models, (N,) otherwise."""
+        n = len(ids)
+        if not self.grid:
+            return torch.arange(n)
+        if not images:
+            return torch.arange(n).expand(3, n).clone()
+        t = torch.tensor([ids])
+        grid = torch.cat([im.image_grid_thw for im in images])
+        pos, _ = self.base.get_rope_index(
+            t, mm_token_type_ids=(t == self.image_token_id).int(), image_grid_thw=grid
+        )
+        return pos[:, 0, :].cpu()
+
+    # --- forward --------------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids.to(self.device))
+
+    def make_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> DynamicCache:
+        """A DynamicCache holding ``layers`` as they are (no copy: the constructor's own path would cat)."""
+        cache = DynamicCache(config=self.config)
+        for layer, (k, v) in zip(cache.layers, layers or [], strict=False):
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        return cache
+
+    @torch.inference_mode()
+    def forward(
+        self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """One forward over (B, q) embeddings; returns the last position's logits (B, V) in fp32.
+        ``mask`` is (B, cached + q) with 1 for real tokens; ``positions`` (3, B, q) or (B, q)."""
+        out = self.model(
+            inputs_embeds=embeds,
+            attention_mask=mask.to(self.device, torch.long),
+            position_ids=positions.to(self.device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+
+def auto_max_batch(adapter: ModelAdapter, max_context_tokens: int) -> int:
+    """CPU: 8. CUDA: as many full-context sequences as half the free memory holds (KV only)."""
+    if adapter.device.type != "cuda":
+        return 8
+    free, _ = torch.cuda.mem_get_info(adapter.device)
+    per_seq = adapter.kv_bytes_per_token() * max_context_tokens
+    return max(1, min(256, math.floor(free * 0.5 / per_seq)))

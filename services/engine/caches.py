@@ -1,0 +1,230 @@
+"""The engine's three caches behind one small interface, ``BoundedCache``.
+
+Rules every cache follows (tests check them through ``check_integrity``):
+
+- **Bounded by bytes, LRU.** ``put`` evicts least-recently-used entries until the new one fits; an entry
+  larger than the whole budget is not stored. ``bytes`` always equals the sum of the entries' sizes.
+- **Immutable entries.** Stored tensors are owned by the cache (cloned on ``put``) and never written
+  afterwards; readers slice them and never write in place. A checksum taken at ``put`` proves it.
+- **Counted lookups.** Every lookup counts one hit or one miss; a hit refreshes recency. An entry past
+  its TTL is dropped and counts as a miss.
+- **One thread.** Only the engine thread touches a cache, so there is no lock.
+
+``PrefixCache`` (system-prompt KV, filled by prewarm), ``SessionCache`` (KV of a conversation, per
+session id, TTL) and ``ImageCache`` (vision-encoder output by the full sha256 of the image bytes).
+KV entries are matched by the longest common token prefix with the new prompt; image tokens only
+match when the image digests match too (equal placeholder ids never imply equal images).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+from services.engine.sequence import ImageSpan, Prompt
+
+K = TypeVar("K")
+V = TypeVar("V")
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (1, heads, tokens, head_dim)
+
+
+class CacheIntegrityError(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    evictions: int
+    entries: int
+    bytes: int
+    capacity_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Slot(Generic[V]):
+    value: V
+    nbytes: int
+    checksum: float
+    expires_at: float
+
+
+class BoundedCache(Generic[K, V]):
+    def __init__(self, name: str, capacity_bytes: int, ttl_s: float | None = None) -> None:
+        self.name = name
+        self.capacity = capacity_bytes
+        self.ttl_s = ttl_s
+        self._slots: OrderedDict[K, _Slot[V]] = OrderedDict()
+        self.bytes = self.hits = self.misses = self.evictions = 0
+
+    # hooks for subclasses
+    def _tensors(self, value: V) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _validate(self, key: K, value: V) -> None:
+        """Structural check of one entry; raise CacheIntegrityError."""
+
+    def get(self, key: K) -> V | None:
+        value = self.peek(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._slots.move_to_end(key)
+        return value
+
+    def peek(self, key: K) -> V | None:
+        """Lookup without counting or refreshing recency (drops the entry if expired)."""
+        slot = self._slots.get(key)
+        if slot is not None and slot.expires_at <= time.monotonic():
+            self.pop(key)
+            return None
+        return slot.value if slot else None
+
+    def put(self, key: K, value: V) -> bool:
+        nbytes = sum(t.numel() * t.element_size() for t in self._tensors(value))
+        self.pop(key)
+        if nbytes > self.capacity:
+            return False
+        while self.bytes + nbytes > self.capacity:
+            self._evict_lru()
+        expires = time.monotonic() + self.ttl_s if self.ttl_s is not None else float("inf")
+        self._slots[key] = _Slot(value, nbytes, self._checksum(value), expires)
+        self.bytes += nbytes
+        return True
+
+    def pop(self, key: K) -> V | None:
+        slot = self._slots.pop(key, None)
+        if slot is None:
+            return None
+        self.bytes -= slot.nbytes
+        return slot.value
+
+    def purge_expired(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, s in self._slots.items() if s.expires_at <= now]:
+            self.pop(key)
+
+    def keys(self) -> list[K]:
+        return list(self._slots)
+
+    def _evict_lru(self) -> None:
+        key = next(iter(self._slots))
+        self.pop(key)
+        self.evictions += 1
+
+    def _checksum(self, value: V) -> float:
+        return float(sum(t.double().sum().item() for t in self._tensors(value)))
+
+    def check_integrity(self, deep: bool = True) -> None:
+        """Byte accounting, bound, per-entry structure and (``deep``) checksums of the stored tensors."""
+        total = 0
+        for key, slot in self._slots.items():
+            size = sum(t.numel() * t.element_size() for t in self._tensors(slot.value))
+            if size != slot.nbytes:
+                raise CacheIntegrityError(f"{self.name}[{key!r}]: size changed {slot.nbytes} -> {size}")
+            self._validate(key, slot.value)
+            if deep and self._checksum(slot.value) != slot.checksum:
+                raise CacheIntegrityError(f"{self.name}[{key!r}]: tensor contents changed after put")
+            total += size
+        if total != self.bytes or self.bytes > self.capacity:
+            raise CacheIntegrityError(
+                f"{self.name}: bytes {self.bytes} (actual {total}), cap {self.capacity}"
+            )
+
+    def stats(self) -> CacheStats:
+        return CacheStats(self.hits, self.misses, self.evictions, len(self._slots), self.bytes, self.capacity)
+
+
+@dataclass(frozen=True)
+class KVEntry:
+    """KV of ``tokens`` (one sequence, no padding) and the images among them."""
+
+    tokens: tuple[int, ...]
+    spans: tuple[ImageSpan, ...]
+    kv: KV
+
+    def match_length(self, prompt: Prompt) -> int:
+        """Longest reusable prefix for ``prompt``: common tokens, cut before the first image whose digest
+        differs, and leaving at least one prompt token to prefill (it yields the first logits)."""
+        ids = prompt.token_ids
+        n = min(len(self.tokens), len(ids) - 1)
+        m = next((i for i in range(n) if self.tokens[i] != ids[i]), n)
+        theirs = {s.start: s.digest for s in prompt.spans}
+        for span in self.spans:
+            if span.start < m and theirs.get(span.start) != span.digest:
+                m = span.start
+        return max(m, 0)
+
+
+class _KVCache(BoundedCache[K, KVEntry]):
+    def _tensors(self, value: KVEntry) -> list[torch.Tensor]:
+        return [t for kv in value.kv for t in kv]
+
+    def _validate(self, key: K, value: KVEntry) -> None:
+        for k, v in value.kv:
+            if k.shape[0] != 1 or k.shape[-2] != len(value.tokens) or k.shape != v.shape:
+                raise CacheIntegrityError(f"{self.name}[{key!r}]: KV shape {tuple(k.shape)} vs tokens")
+
+
+class PrefixCache(_KVCache[tuple[int, ...]]):
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__("prefix", capacity_bytes)
+
+    def match(self, prompt: Prompt) -> tuple[KVEntry | None, int]:
+        best: tuple[KVEntry | None, int] = (None, 0)
+        for key, slot in self._slots.items():
+            m = slot.value.match_length(prompt)
+            if m > best[1]:
+                best = (slot.value, m)
+                self._slots.move_to_end(key)
+        self.hits += best[1] > 0
+        self.misses += best[1] == 0
+        return best
+
+    def add(self, entry: KVEntry) -> bool:
+        return self.put(entry.tokens, entry)
+
+    def _validate(self, key: tuple[int, ...], value: KVEntry) -> None:
+        super()._validate(key, value)
+        if key != value.tokens:
+            raise CacheIntegrityError("prefix: key is not the entry's tokens")
+
+
+class SessionCache(_KVCache[str]):
+    def __init__(self, capacity_bytes: int, ttl_s: float) -> None:
+        super().__init__("session", capacity_bytes, ttl_s)
+
+    def match(self, session_id: str, prompt: Prompt) -> tuple[KVEntry | None, int]:
+        entry = self.peek(session_id)  # isolation: only this session's own entry is ever looked at
+        m = entry.match_length(prompt) if entry else 0
+        self.hits += m > 0
+        self.misses += m == 0
+        if m:
+            self._slots.move_to_end(session_id)
+        return (entry, m) if m else (None, 0)
+
+
+class ImageCache(BoundedCache[str, torch.Tensor]):
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__("image", capacity_bytes)
+
+    def _tensors(self, value: torch.Tensor) -> list[torch.Tensor]:
+        return [value]
+
+    def _validate(self, key: str, value: torch.Tensor) -> None:
+        if len(key) != 64 or value.ndim != 2:
+            raise CacheIntegrityError(f"image[{key!r}]: bad key or features shape {tuple(value.shape)}")
+
+
+def own_kv(kv: KV) -> KV:
+    """Contiguous private copies (a slice of a batch tensor would pin the whole batch)."""
+    return [(k.clone(), v.clone()) for k, v in kv]

@@ -1,0 +1,50 @@
+"""Engine settings. Plain dataclass: the service builds it from its pydantic settings (VLMQ_* env)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str = "models/vlmq-tiny"
+    quantize: str = "none"  # none|bf16|int8|int4 (services.model.quantization)
+    device: str = "auto"  # auto|cpu|cuda
+    max_batch: int | None = None  # None: 8 on CPU; on CUDA derived from free memory
+    batch_window_ms: float = 10.0  # admission window; never delays a lone request on an idle engine
+    max_context_tokens: int = 2048
+    max_new_tokens_limit: int = 512
+    prefix_cache: bool = True
+    session_cache: bool = True
+    image_cache: bool = True
+    prefix_cache_bytes: int = 64 * MIB
+    session_cache_bytes: int = 512 * MIB
+    image_cache_bytes: int = 256 * MIB
+    session_ttl_s: float = 300.0
+
+    @classmethod
+    def from_env(cls, prefix: str = "VLMQ_", **overrides: Any) -> EngineConfig:
+        """Read ``VLMQ_<FIELD>`` variables (e.g. ``VLMQ_QUANTIZE=int8``); ``overrides`` win."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = os.environ.get(prefix + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(raw, f.default)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    if default is None:  # max_batch
+        return int(raw) if raw.strip() else None
+    return raw

@@ -1,0 +1,356 @@
+"""The engine: a background thread running ``step() = schedule -> run -> postprocess``.
+
+Callers on any thread ``submit`` requests (validated and tokenized on their own thread) and receive
+``TokenEvent`` callbacks from the engine thread; ``cancel`` and deadlines take effect at the next
+step. One model forward at a time, always on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from services.engine.adapter import ModelAdapter, auto_max_batch
+from services.engine.api import FinishReason, GenerationRequest, RequestRejected, Timings, TokenEvent, Usage
+from services.engine.caches import ImageCache, PrefixCache, SessionCache
+from services.engine.config import EngineConfig
+from services.engine.detok import Detokenizer
+from services.engine.prompt import PromptBuilder
+from services.engine.runner import Caches, ModelRunner
+from services.engine.sampling import make_generator, sample
+from services.engine.scheduler import ScheduledBatch, Scheduler
+from services.engine.sequence import Prompt, Sequence
+from services.engine.stats import EngineStats
+
+log = logging.getLogger(__name__)
+EventCallback = Callable[[TokenEvent], None]
+
+
+class Engine:
+    def __init__(self, model: Any, processor: Any, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.model = model.eval()
+        self._processor = processor
+        self.adapter = ModelAdapter(model, processor)
+        self.prompts = PromptBuilder(self.adapter, processor, self.config)
+        self.eos_ids = frozenset(self.adapter.eos_token_ids())
+        max_batch = self.config.max_batch or auto_max_batch(self.adapter, self.config.max_context_tokens)
+        self.scheduler = Scheduler(max_batch, self.config.batch_window_ms / 1000.0)
+        self.runner = ModelRunner(self.adapter, self._make_caches())
+        self._stats = EngineStats(max_batch=max_batch)
+        self._cv = threading.Condition()
+        self._inbox: list[Sequence] = []
+        self._cancels: set[str] = set()
+        self._forward_lock = threading.Lock()  # one forward at a time per model (step or prewarm)
+        self._known: dict[str, Sequence] = {}  # submitted and not yet finished
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._healthy = True
+        self._last_error: str | None = None
+
+    @classmethod
+    def from_pretrained(cls, config: EngineConfig) -> Engine:
+        from services.model.loading import load_model
+
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, processor = load_model(config.model_path, config.quantize, device)
+        return cls(model, processor, config)
+
+    def _make_caches(self) -> Caches:
+        c = self.config
+        return Caches(
+            prefix=PrefixCache(c.prefix_cache_bytes) if c.prefix_cache else None,
+            session=SessionCache(c.session_cache_bytes, c.session_ttl_s) if c.session_cache else None,
+            image=ImageCache(c.image_cache_bytes) if c.image_cache else None,
+        )
+
+    # --- properties -------------------------------------------------------------------------------
+    @property
+    def processor(self) -> Any:
+        return self._processor
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.adapter.tokenizer
+
+    @property
+    def image_processor(self) -> Any:
+        return getattr(self._processor, "image_processor", None)
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    @property
+    def caches(self) -> Caches:
+        return self.runner.caches
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="vlmq-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Stop admitting. ``None``: finish everything in flight; otherwise wait up to the timeout,
+        then cancel what is left. Returns when the engine thread has exited."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        deadline = None if drain_timeout_s is None else time.monotonic() + drain_timeout_s
+        while self._thread is not None and self._thread.is_alive():
+            if deadline is not None and time.monotonic() >= deadline:
+                for rid in list(self._known):
+                    self.cancel(rid)
+                deadline = None
+            self._thread.join(timeout=0.05)
+        self._thread = None
+
+    def prewarm(self) -> None:
+        """Compute the KV of the default system prompt (the tokens every conversation starts with)."""
+        if self.runner.caches.prefix is None:
+            return
+        a = self.prompts.tokenize([{"role": "user", "content": [{"type": "text", "text": "a"}]}])
+        b = self.prompts.tokenize([{"role": "user", "content": [{"type": "text", "text": "b"}]}])
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        if n == 0:
+            return
+        prompt = Prompt(a[:n], self.adapter.positions(a[:n], []), [])
+        with self._forward_lock:
+            entry = self.runner.compute_prefix(prompt)
+            self.runner.caches.prefix.add(entry)
+
+    # --- requests ---------------------------------------------------------------------------------
+    def validate(self, request: GenerationRequest) -> None:
+        self._prepare(request)
+
+    def _prepare(self, request: GenerationRequest) -> Prompt:
+        try:
+            if self._stopping:
+                raise RequestRejected("engine is stopping")
+            if not request.request_id or request.request_id in self._known:
+                raise RequestRejected(f"request_id {request.request_id!r} is empty or already in flight")
+            return self.prompts.build(request)
+        except RequestRejected:
+            self._stats.rejected += 1
+            raise
+
+    def submit(self, request: GenerationRequest, on_event: EventCallback) -> None:
+        prompt = self._prepare(request)
+        seq = Sequence(
+            request=request,
+            prompt=prompt,
+            on_event=on_event,
+            detok=Detokenizer(self.tokenizer, request.sampling.stop),
+            eos_ids=self.eos_ids,
+            generator=make_generator(request.sampling.seed) if request.sampling.temperature > 0 else None,
+        )
+        with self._cv:
+            if request.request_id in self._known:
+                raise RequestRejected(f"request_id {request.request_id!r} already in flight")
+            self._known[request.request_id] = seq
+            self._inbox.append(seq)
+            self._stats.submitted += 1
+            self._cv.notify_all()
+
+    def cancel(self, request_id: str) -> bool:
+        with self._cv:
+            if request_id not in self._known:
+                return False
+            self._cancels.add(request_id)
+            self._cv.notify_all()
+            return True
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.submit(request, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+        done = False
+        try:
+            while not done:
+                event = await queue.get()
+                done = event.finished
+                yield event
+        finally:
+            if not done:  # the consumer went away: free the slot
+                self.cancel(request.request_id)
+
+    def generate_sync(self, request: GenerationRequest, timeout_s: float | None = None) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        done = threading.Event()
+
+        def on_event(ev: TokenEvent) -> None:
+            events.append(ev)
+            if ev.finished:
+                done.set()
+
+        self.submit(request, on_event)
+        if not done.wait(timeout_s):
+            self.cancel(request.request_id)
+            done.wait()
+        return events
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            s = self._stats
+            s.running, s.waiting = len(self.scheduler.running), len(self.scheduler.waiting) + len(self._inbox)
+            s.healthy = self._healthy
+            s.caches = {c.name: c.stats() for c in self.runner.caches.all()}
+            return EngineStats(
+                **{**s.__dict__, "batch_sizes": dict(s.batch_sizes), "finished": dict(s.finished)}
+            )
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:  # only hand-over under the lock; the step runs without it
+                for seq in self._inbox:
+                    self.scheduler.add(seq)
+                for rid in self._cancels:
+                    self.scheduler.cancel(rid)
+                self._inbox.clear()
+                self._cancels.clear()
+                if not self.scheduler.has_work():
+                    if self._stopping:
+                        return
+                    self._cv.wait(timeout=1.0)
+                    continue
+            with self._forward_lock:
+                self.step(self.scheduler.schedule())
+
+    def step(self, batch: ScheduledBatch) -> None:
+        """One engine step: drop what left, then run the batch, then postprocess its tokens."""
+        self._finish_dropped(batch)
+        seqs = batch.prefill or batch.decode
+        if not seqs:
+            return
+        logits, seqs = self._run(batch, seqs)
+        if seqs:
+            self._postprocess(seqs, logits)
+        self._stats.steps += 1
+
+    def _finish_dropped(self, batch: ScheduledBatch) -> None:
+        seqs = [s for s, _ in batch.dropped]
+        self.runner.release(seqs, [False] * len(seqs))
+        for seq, reason in batch.dropped:
+            self._finish(seq, reason)
+
+    def _run(self, batch: ScheduledBatch, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
+        if batch.prefill:
+            self._stats.prefill_steps += 1
+            return self._prefill_isolated(seqs)
+        self._stats.decode_steps += 1
+        self._stats.batch_sizes[len(seqs)] = self._stats.batch_sizes.get(len(seqs), 0) + 1
+        try:
+            return self.runner.decode(seqs), seqs
+        except Exception as exc:  # a failed decode leaves the batch KV undefined: fail every row
+            self._fatal(exc, seqs)
+            return torch.empty(0), []
+
+    def _prefill_isolated(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Batched prefill; if it fails, retry one by one so only the culprit fails."""
+        try:
+            return self.runner.prefill(seqs), seqs
+        except Exception as exc:
+            if len(seqs) == 1:
+                self._fail(seqs[0], exc)
+                return torch.empty(0), []
+        ok, rows = [], []
+        for seq in seqs:
+            try:
+                rows.append(self.runner.prefill([seq]))
+                ok.append(seq)
+            except Exception as exc:
+                self._fail(seq, exc)
+        return (torch.cat(rows) if rows else torch.empty(0)), ok
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        log.exception("request %s failed", seq.id, exc_info=exc)
+        self._stats.errors += 1
+        seq.error = f"{type(exc).__name__}: {exc}"
+        self.scheduler.finish(seq)
+        self._finish(seq, FinishReason.ERROR)
+
+    def _fatal(self, exc: Exception, seqs: list[Sequence]) -> None:
+        self._healthy = False
+        self._last_error = f"forward failed: {type(exc).__name__}: {exc}"
+        for seq in seqs:
+            self._fail(seq, exc)
+        self.runner.reset()
+
+    def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        tokens = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
+        now = time.monotonic()
+        done: list[tuple[Sequence, str]] = []
+        for seq, tok in zip(seqs, tokens, strict=True):
+            if not seq.output_ids:
+                seq.first_token_at = now
+                self._stats.prompt_tokens += seq.num_prompt_tokens
+                self._stats.cached_tokens += seq.num_cached_tokens
+            seq.output_ids.append(tok)
+            self._stats.generated_tokens += 1
+            reason = self._check_finish(seq, tok)
+            text, stopped = seq.detok.step(seq.output_ids, final=reason is not None)
+            if stopped:
+                reason = FinishReason.STOP
+                text += seq.detok.step(seq.output_ids, final=True)[0]
+            seq.finish_reason = reason
+            if reason is not None:
+                done.append((seq, text))
+            else:
+                self._emit(seq, TokenEvent(seq.id, (tok,), text, len(seq.output_ids) - 1))
+        self.runner.release([s for s, _ in done], [s.request.use_cache for s, _ in done])
+        for seq, text in done:
+            self.scheduler.finish(seq)
+            self._finish(
+                seq, seq.finish_reason or FinishReason.STOP, last_token=seq.output_ids[-1], text=text
+            )
+
+    def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
+        if tok in seq.eos_ids and not seq.request.sampling.ignore_eos:
+            return FinishReason.STOP
+        if len(seq.output_ids) >= seq.request.sampling.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, last_token: int | None = None, text: str = ""
+    ) -> None:
+        now = time.monotonic()
+        seq.finish_reason = reason
+        start = seq.admitted_at or now
+        timings = Timings(
+            queue=start - seq.arrival,
+            vision=seq.vision_s,
+            prefill=seq.prefill_s,
+            generation=now - (seq.first_token_at or now),
+            ttft=(seq.first_token_at - seq.arrival) if seq.first_token_at else 0.0,
+        )
+        usage = Usage(seq.num_prompt_tokens, len(seq.output_ids), seq.num_cached_tokens)
+        tokens = (last_token,) if last_token is not None else ()
+        index = len(seq.output_ids) - len(tokens)
+        self._stats.finished[reason.value] = self._stats.finished.get(reason.value, 0) + 1
+        with self._cv:
+            self._known.pop(seq.id, None)
+        self._emit(seq, TokenEvent(seq.id, tokens, text, index, reason, seq.error, usage, timings))
+
+    @staticmethod
+    def _emit(seq: Sequence, event: TokenEvent) -> None:
+        try:
+            seq.on_event(event)
+        except Exception:  # a broken listener must not take the engine down
+            log.exception("on_event callback failed for %s", seq.id)

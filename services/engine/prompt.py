@@ -1,0 +1,95 @@
+"""Request validation and prompt building, done on the caller's thread before the engine sees it.
+
+The conversation is rendered by the model's chat template (the whole history every turn), tokenized,
+and each image placeholder token is expanded to the image's token count, exactly as the HF processor
+does it for a from-scratch run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from services.engine.adapter import ModelAdapter
+from services.engine.api import GenerationRequest, RequestRejected, SamplingParams
+from services.engine.config import EngineConfig
+from services.engine.sequence import ImageSpan, Prompt
+
+MAX_STOP_STRINGS = 8
+
+
+class PromptBuilder:
+    def __init__(self, adapter: ModelAdapter, processor: Any, config: EngineConfig) -> None:
+        self.adapter = adapter
+        self.processor = processor
+        self.tokenizer = adapter.tokenizer
+        self.config = config
+
+    def build(self, request: GenerationRequest) -> Prompt:
+        """Validate ``request`` and return its prompt; raises RequestRejected with the reason."""
+        check_sampling(request.sampling, self.config)
+        n_parts = count_image_parts(request.messages)
+        if n_parts != len(request.images):
+            raise RequestRejected(f"{len(request.images)} images given for {n_parts} image parts in messages")
+        for i, image in enumerate(request.images):
+            self.adapter.check_image(image, i)
+        ids = self.tokenize(request.messages)
+        ids, spans = self.expand_images(ids, request)
+        total = len(ids) + request.sampling.max_tokens
+        if total > self.config.max_context_tokens:
+            raise RequestRejected(
+                f"prompt of {len(ids)} tokens + max_tokens {request.sampling.max_tokens} exceeds the "
+                f"context of {self.config.max_context_tokens} tokens"
+            )
+        return Prompt(ids, self.adapter.positions(ids, request.images), spans)
+
+    def tokenize(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # template errors are the caller's malformed messages
+            raise RequestRejected(f"messages could not be rendered by the chat template: {exc}") from exc
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def expand_images(self, ids: list[int], request: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
+        tok = self.adapter.image_token_id
+        found = ids.count(tok)
+        if found != len(request.images):
+            raise RequestRejected(f"prompt has {found} image placeholders for {len(request.images)} images")
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        for t in ids:
+            if t != tok:
+                out.append(t)
+                continue
+            image = request.images[len(spans)]
+            n = self.adapter.tokens_per_image(image)
+            spans.append(ImageSpan(len(out), len(out) + n, len(spans), image.digest))
+            out.extend([tok] * n)
+        return out, spans
+
+
+def count_image_parts(messages: list[dict[str, Any]]) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise RequestRejected("messages must be a non-empty list")
+    n = 0
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise RequestRejected("each message needs 'role' and 'content'")
+        if isinstance(m["content"], list):
+            n += sum(1 for part in m["content"] if isinstance(part, dict) and part.get("type") == "image")
+    return n
+
+
+def check_sampling(p: SamplingParams, config: EngineConfig) -> None:
+    if not 1 <= p.max_tokens <= config.max_new_tokens_limit:
+        raise RequestRejected(f"max_tokens must be in [1, {config.max_new_tokens_limit}], got {p.max_tokens}")
+    if not (math.isfinite(p.temperature) and 0.0 <= p.temperature <= 100.0):
+        raise RequestRejected(f"temperature must be in [0, 100], got {p.temperature}")
+    if not (math.isfinite(p.top_p) and 0.0 < p.top_p <= 1.0):
+        raise RequestRejected(f"top_p must be in (0, 1], got {p.top_p}")
+    if p.top_k < 0:
+        raise RequestRejected(f"top_k must be >= 0, got {p.top_k}")
+    if p.seed is not None and not 0 <= p.seed < 2**63:
+        raise RequestRejected(f"seed must be in [0, 2**63), got {p.seed}")
+    if len(p.stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in p.stop):
+        raise RequestRejected(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings")

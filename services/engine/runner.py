@@ -1,0 +1,182 @@
+"""Model runner: turns scheduled sequences into logits. Owns the running batch's KV and the caches.
+
+- ``prefill(seqs)``: for each new sequence, reuse the longest cached KV prefix (prefix or session
+  cache), get image features for images in the uncached suffix (image cache or one batched vision
+  call), then one forward over all suffixes (left-padded) on top of their cached prefixes; the new
+  rows join the running batch.
+- ``decode(seqs)``: one forward of one token per running row, per-row positions.
+- ``release(seqs)``: rows leave the batch at once; a finished turn's KV goes to the session cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.adapter import ModelAdapter
+from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
+from services.engine.kv import BatchKV, stack_left
+from services.engine.sequence import Prompt, Sequence
+
+
+@dataclass
+class Caches:
+    prefix: PrefixCache | None
+    session: SessionCache | None
+    image: ImageCache | None
+
+    def all(self) -> list[PrefixCache | SessionCache | ImageCache]:
+        return [c for c in (self.prefix, self.session, self.image) if c is not None]
+
+
+class ModelRunner:
+    def __init__(self, adapter: ModelAdapter, caches: Caches) -> None:
+        self.adapter = adapter
+        self.caches = caches
+        self.batch = BatchKV(adapter.make_cache)
+
+    # --- prefill ----------------------------------------------------------------------------------
+    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits (len(seqs), V) of each prompt's last token; the sequences join the batch."""
+        reused = [self._reuse(s) for s in seqs]
+        t0 = time.perf_counter()
+        feats = self._image_features(seqs)
+        t1 = time.perf_counter()
+        cached = max(s.num_cached_tokens for s in seqs)
+        suffix = max(s.num_prompt_tokens - s.num_cached_tokens for s in seqs)
+        embeds = torch.stack([self._suffix_embeds(s, feats, suffix) for s in seqs])
+        positions = torch.stack(
+            [self._suffix_positions(s.prompt, s.num_cached_tokens, suffix) for s in seqs], -2
+        )
+        mask = torch.stack([self._row_mask(s, cached, suffix) for s in seqs])
+        cache = self.adapter.make_cache(self._stack_prefixes(reused, cached) if cached else None)
+        logits = self.adapter.forward(embeds, mask, positions, cache)
+        new = BatchKV(self.adapter.make_cache)
+        new.ids, new.cache, new.mask = [s.id for s in seqs], cache, mask
+        self.batch.merge(new)
+        t2 = time.perf_counter()
+        for s in seqs:
+            s.vision_s, s.prefill_s = t1 - t0, t2 - t1
+        return logits
+
+    def _reuse(self, seq: Sequence) -> KV | None:
+        """The longest cached KV prefix of this prompt (session or system prompt), sliced to length."""
+        seq.num_cached_tokens = 0
+        if not seq.request.use_cache:
+            return None
+        best: tuple[KVEntry | None, int] = (None, 0)
+        if self.caches.session is not None and seq.request.session_id is not None:
+            best = self.caches.session.match(seq.request.session_id, seq.prompt)
+        if self.caches.prefix is not None:
+            entry, m = self.caches.prefix.match(seq.prompt)
+            best = (entry, m) if m > best[1] else best
+        entry, m = best
+        if entry is None or m == 0:
+            return None
+        seq.num_cached_tokens = m
+        return [(k[:, :, :m], v[:, :, :m]) for k, v in entry.kv]
+
+    def _stack_prefixes(
+        self, reused: list[KV | None], length: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ref = next(kv for kv in reused if kv)
+        empty = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
+        rows = [kv or empty for kv in reused]
+        return [
+            (stack_left([r[i][0] for r in rows], length), stack_left([r[i][1] for r in rows], length))
+            for i in range(len(ref))
+        ]
+
+    def _image_features(self, seqs: list[Sequence]) -> dict[str, torch.Tensor]:
+        """Features by digest for every image that lies (partly) in an uncached suffix."""
+        feats: dict[str, torch.Tensor] = {}
+        todo = {}
+        for s in seqs:
+            use_cache = s.request.use_cache and self.caches.image is not None
+            for span in s.prompt.spans:
+                if span.end <= s.num_cached_tokens or span.digest in feats or span.digest in todo:
+                    continue
+                hit = self.caches.image.get(span.digest) if use_cache and self.caches.image else None
+                if hit is not None:
+                    feats[span.digest] = hit
+                else:
+                    todo[span.digest] = (s.request.images[span.index], use_cache)
+        if todo:
+            computed = self.adapter.encode_images([img for img, _ in todo.values()])
+            for (digest, (_, use_cache)), f in zip(todo.items(), computed, strict=True):
+                feats[digest] = f
+                if use_cache and self.caches.image is not None:
+                    self.caches.image.put(digest, f.clone())
+        return feats
+
+    def _suffix_embeds(self, seq: Sequence, feats: dict[str, torch.Tensor], width: int) -> torch.Tensor:
+        m = seq.num_cached_tokens
+        ids = torch.tensor(seq.prompt.token_ids[m:])
+        emb = self.adapter.embed(ids).clone()
+        for span in seq.prompt.spans:
+            if span.end > m:
+                start = max(span.start, m)
+                emb[start - m : span.end - m] = feats[span.digest][start - span.start :]
+        pad = emb.new_zeros(width - emb.shape[0], emb.shape[1])
+        return torch.cat([pad, emb])
+
+    @staticmethod
+    def _suffix_positions(prompt: Prompt, m: int, width: int) -> torch.Tensor:
+        pos = prompt.positions[..., m:]
+        pad = pos.new_zeros(*pos.shape[:-1], width - pos.shape[-1])
+        return torch.cat([pad, pos], dim=-1)
+
+    @staticmethod
+    def _row_mask(seq: Sequence, cached: int, suffix: int) -> torch.Tensor:
+        m, n = seq.num_cached_tokens, seq.num_prompt_tokens - seq.num_cached_tokens
+        mask = torch.zeros(cached + suffix, dtype=torch.bool)
+        mask[cached - m : cached] = True
+        mask[cached + suffix - n :] = True
+        return mask
+
+    # --- decode -----------------------------------------------------------------------------------
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits (len(seqs), V) for the next token of every running sequence (in ``seqs`` order)."""
+        by_id = {s.id: s for s in seqs}
+        rows = [by_id[rid] for rid in self.batch.ids]
+        assert len(rows) == len(seqs), "decode must cover exactly the running batch"
+        ids = torch.tensor([[s.output_ids[-1]] for s in rows])
+        pos = torch.tensor([[s.last_position] for s in rows])
+        if self.adapter.grid:
+            pos = pos.unsqueeze(0).expand(3, -1, -1)
+        self.batch.append_column()
+        assert self.batch.cache is not None
+        logits = self.adapter.forward(self.adapter.embed(ids), self.batch.mask, pos, self.batch.cache)
+        order = {rid: i for i, rid in enumerate(self.batch.ids)}
+        return logits[torch.tensor([order[s.id] for s in seqs])]
+
+    # --- leaving ----------------------------------------------------------------------------------
+    def release(self, seqs: list[Sequence], save_session: list[bool]) -> None:
+        for seq, save in zip(seqs, save_session, strict=True):
+            if (
+                save
+                and self.caches.session is not None
+                and seq.request.session_id
+                and seq.id in self.batch.ids
+            ):
+                tokens = seq.fed_ids
+                kv = self.batch.extract(seq.id, len(tokens))
+                self.caches.session.put(
+                    seq.request.session_id, KVEntry(tuple(tokens), tuple(seq.prompt.spans), kv)
+                )
+        self.batch.remove({s.id for s in seqs})
+
+    def reset(self) -> None:
+        self.batch = BatchKV(self.adapter.make_cache)
+
+    # --- prefix cache -----------------------------------------------------------------------------
+    def compute_prefix(self, prompt: Prompt) -> KVEntry:
+        """KV of a text-only token prefix, computed alone (batch of one, no padding)."""
+        ids = torch.tensor(prompt.token_ids)
+        cache = self.adapter.make_cache(None)
+        mask = torch.ones(1, len(ids), dtype=torch.bool)
+        self.adapter.forward(self.adapter.embed(ids)[None], mask, prompt.positions.unsqueeze(-2), cache)
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        return KVEntry(tuple(prompt.token_ids), (), kv)

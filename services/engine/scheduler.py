@@ -1,0 +1,89 @@
+"""Who runs next. The rule, once:
+
+1. Drop cancelled and expired sequences (waiting ones never run; running ones leave now).
+2. Admit waiting sequences, oldest first, into free slots (``max_batch``) when the engine is idle
+   (a lone request never waits), when the waiters fill every free slot, or when the oldest has waited
+   ``batch_window``; admitted sequences are prefilled together this step.
+3. Otherwise decode every running sequence.
+
+FIFO admission and a bounded batch mean no request starves; deadlines are honoured in both queues.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.engine.api import FinishReason
+from services.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    prefill: list[Sequence] = field(default_factory=list)
+    decode: list[Sequence] = field(default_factory=list)
+    dropped: list[tuple[Sequence, FinishReason]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, max_batch: int, window_s: float) -> None:
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.cancelled: set[str] = set()
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch(dropped=self._drop(time.time()))
+        batch.prefill = self._admit(time.monotonic())
+        if not batch.prefill:
+            batch.decode = list(self.running)
+        return batch
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = Status.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def _drop(self, now_epoch: float) -> list[tuple[Sequence, FinishReason]]:
+        dropped: list[tuple[Sequence, FinishReason]] = []
+        for queue in (self.waiting, self.running):
+            for seq in list(queue):
+                reason = self._drop_reason(seq, now_epoch)
+                if reason is not None:
+                    queue.remove(seq)
+                    seq.status = Status.FINISHED
+                    dropped.append((seq, reason))
+        self.cancelled -= {seq.id for seq, _ in dropped}
+        return dropped
+
+    def _drop_reason(self, seq: Sequence, now_epoch: float) -> FinishReason | None:
+        if seq.id in self.cancelled:
+            return FinishReason.CANCELLED
+        return FinishReason.EXPIRED if seq.expired(now_epoch) else None
+
+    def _admit(self, now: float) -> list[Sequence]:
+        free = self.max_batch - len(self.running)
+        if not self.waiting or free <= 0:
+            return []
+        ready = (
+            not self.running or len(self.waiting) >= free or now - self.waiting[0].arrival >= self.window_s
+        )
+        if not ready:
+            return []
+        admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        for seq in admitted:
+            seq.status = Status.RUNNING
+            seq.admitted_at = now
+        self.running.extend(admitted)
+        return admitted

@@ -1,0 +1,84 @@
+"""One request's state as it flows through the engine. The scheduler changes it, the runner reads it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine.api import FinishReason, GenerationRequest, TokenEvent
+from services.engine.detok import Detokenizer
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Where image ``index`` sits in the prompt: tokens [start, end), identified by its digest."""
+
+    start: int
+    end: int
+    index: int
+    digest: str
+
+
+@dataclass
+class Prompt:
+    """A request after rendering: token ids with image placeholders expanded, and their positions."""
+
+    token_ids: list[int]
+    positions: torch.Tensor  # (3, N) M-RoPE or (N,)
+    spans: list[ImageSpan]
+
+    @property
+    def next_position(self) -> int:
+        """Position of the first generated token (text continues after the highest position)."""
+        return int(self.positions.max()) + 1
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerationRequest
+    prompt: Prompt
+    on_event: Callable[[TokenEvent], None]
+    detok: Detokenizer
+    eos_ids: frozenset[int]
+    status: Status = Status.WAITING
+    arrival: float = field(default_factory=time.monotonic)
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    vision_s: float = 0.0
+    prefill_s: float = 0.0
+    output_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt.token_ids)
+
+    @property
+    def fed_ids(self) -> list[int]:
+        """Tokens whose KV exists: the prompt and every output but the last (sampled, not yet fed)."""
+        return self.prompt.token_ids + self.output_ids[:-1]
+
+    @property
+    def last_position(self) -> int:
+        """Position of the last sampled token, the input of the next decode step."""
+        return self.prompt.next_position + len(self.output_ids) - 1
+
+    def expired(self, now_epoch: float) -> bool:
+        return self.request.deadline is not None and now_epoch >= self.request.deadline

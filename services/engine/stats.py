@@ -1,0 +1,31 @@
+"""Counters the engine exports (the service maps them to Prometheus ``vlmq_*`` metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from services.engine.caches import CacheStats
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    max_batch: int = 0
+    healthy: bool = True
+    steps: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # decode batch size -> steps
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix/session cache
+    generated_tokens: int = 0
+    submitted: int = 0
+    rejected: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
+    errors: int = 0
+    caches: dict[str, CacheStats] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # nested CacheStats become dicts too

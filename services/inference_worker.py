@@ -1,0 +1,92 @@
+"""Inference worker process: ``python -m services.inference_worker``.
+
+A long-running process (never a forked Celery child: CUDA does not survive fork) that loads
+the engine, prewarms its prefix cache and serves the inference stream until SIGTERM/SIGINT.
+The Redis side lives in ``services.worker``; the engine does the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+from types import FrameType
+
+import redis
+
+from services.engine import Engine, EngineConfig
+from services.worker.runner import InferenceWorker
+from shared.config import InferenceSettings, get_inference_settings
+from worker.imaging import processor_id
+
+log = logging.getLogger("services.inference_worker")
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def engine_config(settings: InferenceSettings) -> EngineConfig:
+    """EngineConfig from settings (only the fields this EngineConfig version has)."""
+    mb = 1024 * 1024
+    values = {
+        "model_path": settings.model,
+        "quantize": settings.quantize,
+        "device": resolve_device(settings.device),
+        "max_batch": settings.max_batch,
+        "batch_window_ms": settings.batch_window_ms,
+        "max_context_tokens": settings.max_context_tokens,
+        "max_new_tokens_limit": settings.max_tokens_limit,
+        "prefix_cache": settings.prefix_cache,
+        "session_cache": settings.session_cache,
+        "image_cache": settings.image_cache,
+        "prefix_cache_bytes": settings.prefix_cache_mb * mb,
+        "session_cache_bytes": settings.session_cache_mb * mb,
+        "image_cache_bytes": settings.image_cache_mb * mb,
+        "session_ttl_s": settings.session_ttl_s,
+    }
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in values.items() if k in known})
+
+
+def image_processor(engine: Engine, model_path: str) -> object:
+    """The engine's image processor: its config id names the tensors the decode workers wrote."""
+    found = getattr(engine, "image_processor", None)
+    if found is not None:
+        return found
+    from services.model.loading import load_image_processor
+
+    return load_image_processor(model_path)
+
+
+def install_signals(worker: InferenceWorker) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if worker.stopping.is_set():  # second signal: stop waiting for in-flight jobs
+            worker.settings.drain_timeout_s = 0.0
+        log.info("signal %d: stopping (in-flight jobs finish first)", signum)
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def main() -> int:
+    settings = get_inference_settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+    engine = Engine.from_pretrained(engine_config(settings))
+    worker = InferenceWorker(settings, engine, client, processor_id(image_processor(engine, settings.model)))
+    install_signals(worker)
+    engine.start()
+    engine.prewarm()
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The writer thread: engine events -> Redis, batched per step.
+
+The engine calls ``EventWriter.put`` from its own thread for every request at every decode
+step; ``put`` only enqueues, so decoding never waits on Redis. The writer drains whatever has
+accumulated (one engine step for the whole batch, usually) and writes it in one MULTI/EXEC:
+token events (XADD), one wake-up PUBLISH per job, and FINISH_LUA for jobs that ended. A second
+round trip then records the session, the result cache and the metrics of the jobs whose
+terminal state this worker wrote, and acknowledges their stream entries (XACK after FINISH).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from services.engine.api import FinishReason, TokenEvent
+from services.worker.store import JobStore
+from services.worker.stream import Entry, StreamConsumer
+from shared import metrics_hash, result_cache, sessions
+from shared.keys import Keys
+from shared.schemas import JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
+
+log = logging.getLogger(__name__)
+MAX_BATCH_EVENTS = 512
+
+
+@dataclass
+class JobRun:
+    """One attempt at one job on this worker: what the writer needs to publish and finish it."""
+
+    entry: Entry
+    spec: JobSpec
+    attempt: int
+    request_id: str
+    published: list[int]  # token ids an earlier attempt already put in the stream
+    queue_s: float = 0.0
+    decode_s: float = 0.0
+    waiting_at: float | None = None
+    submitted_at: float = field(default_factory=time.time)
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    generating: bool = False
+    diverged: str | None = None
+    cancel_sent: bool = False
+    released: bool = False  # handed back on shutdown: its events are ignored
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    model_name: str
+    session_ttl_s: int
+    result_cache_ttl_s: int
+
+
+class EventWriter(threading.Thread):
+    def __init__(
+        self,
+        client: redis.Redis,
+        store: JobStore,
+        consumer: StreamConsumer,
+        config: WriterConfig,
+        on_finished: Callable[[JobRun], None],
+        cancel: Callable[[str], object],
+    ) -> None:
+        super().__init__(name="event-writer", daemon=True)
+        self.r = client
+        self.store = store
+        self.keys: Keys = store.keys
+        self.consumer = consumer
+        self.config = config
+        self.on_finished = on_finished
+        self.cancel = cancel
+        self._queue: queue.Queue[tuple[JobRun, TokenEvent]] = queue.Queue()
+        self._halt = threading.Event()
+        self.flushes = 0
+
+    def put(self, run: JobRun, event: TokenEvent) -> None:
+        """Called from the engine thread: never blocks."""
+        self._queue.put((run, event))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._halt.set()
+        self.join(timeout_s)
+
+    def run(self) -> None:
+        while not (self._halt.is_set() and self._queue.empty()):
+            batch = self._drain()
+            if batch:
+                self._flush_with_retry(batch)
+
+    def _drain(self) -> list[tuple[JobRun, TokenEvent]]:
+        try:
+            batch = [self._queue.get(timeout=0.05)]
+        except queue.Empty:
+            return []
+        while len(batch) < MAX_BATCH_EVENTS:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _flush_with_retry(self, batch: list[tuple[JobRun, TokenEvent]]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                self.flush(batch)
+                return
+            except redis.RedisError as exc:  # Redis restarting: keep the events, try again
+                log.warning("event write failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # --- one round of writes ---
+    def flush(self, batch: list[tuple[JobRun, TokenEvent]]) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        finished: list[tuple[JobRun, JobEvent, JobStatus, int]] = []
+        woken: set[str] = set()
+        for run, event in batch:
+            if run.released:
+                continue
+            if not run.generating:
+                run.generating = True
+                self.store.set_status(run.job_id, JobStatus.GENERATING, run.attempt, client=pipe)
+            if self._tokens(pipe, run, event):
+                woken.add(run.job_id)
+            if event.finished:
+                terminal, status = self._terminal(run, event)
+                finished.append((run, terminal, status, len(pipe.command_stack)))
+                self.store.finish(run.job_id, terminal, status, client=pipe)
+        for job_id in woken:
+            pipe.publish(self.keys.job_wake(job_id), "token")
+        results = pipe.execute()
+        self.flushes += 1
+        if finished:
+            self._after_finish([(run, ev, st, bool(results[i])) for run, ev, st, i in finished])
+
+    def _tokens(self, pipe: redis.client.Pipeline, run: JobRun, event: TokenEvent) -> bool:
+        """Record the event's tokens; XADD them unless an earlier attempt already published them."""
+        ids = list(event.token_ids)
+        if run.diverged or (not ids and not event.text):
+            return False
+        start = event.index
+        overlap = run.published[start : start + len(ids)]
+        if overlap != ids[: len(overlap)]:
+            run.diverged = f"retry diverged from the tokens already streamed at index {start}"
+            self.cancel(run.request_id)
+            return False
+        run.token_ids.extend(ids)
+        run.texts.append(event.text)
+        run.first_token_at = run.first_token_at or time.time()
+        if start + len(ids) <= len(run.published):
+            return False  # the client already has these
+        token = JobEvent(type="token", attempt=run.attempt, text=event.text, token_ids=ids, index=start)
+        pipe.xadd(
+            self.keys.job_events(run.job_id),
+            token.to_fields(),  # type: ignore[arg-type]
+            maxlen=100_000,
+            approximate=True,
+        )
+        return True
+
+    def _terminal(self, run: JobRun, event: TokenEvent) -> tuple[JobEvent, JobStatus]:
+        usage = _usage(event)
+        timings = self._timings(run, event)
+        common = {"attempt": run.attempt, "final_text": run.text, "usage": usage, "timings": timings}
+        if run.diverged:
+            return JobEvent(
+                type="error", status=JobStatus.FAILED, finish_reason="error", error=run.diverged, **common
+            ), JobStatus.FAILED
+        reason = event.finish_reason
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            return JobEvent(
+                type="done", status=JobStatus.DONE, finish_reason=str(reason), **common
+            ), JobStatus.DONE
+        if reason is FinishReason.CANCELLED:
+            return JobEvent(
+                type="status", status=JobStatus.CANCELLED, finish_reason="cancelled", **common
+            ), JobStatus.CANCELLED
+        if reason is FinishReason.EXPIRED:
+            return JobEvent(
+                type="status",
+                status=JobStatus.EXPIRED,
+                finish_reason="expired",
+                error="deadline passed during generation",
+                **common,
+            ), JobStatus.EXPIRED
+        error = event.error or "generation failed"
+        return JobEvent(
+            type="error", status=JobStatus.FAILED, finish_reason="error", error=error, **common
+        ), JobStatus.FAILED
+
+    def _timings(self, run: JobRun, event: TokenEvent) -> StageTimings:
+        engine = event.timings
+        now, created = time.time(), run.spec.created_at
+        waited = run.submitted_at - (run.waiting_at or run.submitted_at)
+        return StageTimings(
+            queue=run.queue_s,
+            decode=run.decode_s,
+            wait=max(0.0, waited) + (engine.queue if engine else 0.0),
+            vision=engine.vision if engine else 0.0,
+            prefill=engine.prefill if engine else 0.0,
+            generation=engine.generation if engine else 0.0,
+            ttft=(run.first_token_at - created) if run.first_token_at else 0.0,
+            total=now - created,
+        )
+
+    def _after_finish(self, done: list[tuple[JobRun, JobEvent, JobStatus, bool]]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for run, event, status, wrote in done:
+            if wrote:  # this attempt wrote the terminal state: its side effects happen once
+                self._side_effects(pipe, run, event, status)
+            self.consumer.ack(pipe, run.entry.entry_id)
+        pipe.execute()
+        for run, _event, status, wrote in done:
+            log.info(
+                "job %s attempt %d: %s%s (%d tokens)",
+                run.job_id,
+                run.attempt,
+                status.value,
+                "" if wrote else " (already terminal)",
+                len(run.token_ids),
+            )
+            self.on_finished(run)
+
+    def _side_effects(
+        self, pipe: redis.client.Pipeline, run: JobRun, event: JobEvent, status: JobStatus
+    ) -> None:
+        key = self.keys.metrics_counters()
+        metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
+        if status is not JobStatus.DONE:
+            return
+        sessions.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
+        cache_key = result_cache.cache_key(self.keys, self.config.model_name, run.spec)
+        if cache_key and event.usage is not None:
+            record = result_cache.CachedResult(
+                text=run.text, usage=event.usage, finish_reason=event.finish_reason or "stop"
+            )
+            pipe.set(cache_key, result_cache.encode(record), ex=self.config.result_cache_ttl_s)
+        if event.usage is not None:
+            for kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                metrics_hash.inc(
+                    pipe, key, "tokens_total", getattr(event.usage, kind), kind=kind.split("_")[0]
+                )
+        if event.timings is not None:
+            for stage, seconds in event.timings.model_dump().items():
+                metrics_hash.observe(pipe, key, "stage_seconds", seconds, stage=stage)
+
+
+def _usage(event: TokenEvent) -> UsageInfo | None:
+    if event.usage is None:
+        return None
+    u = event.usage
+    return UsageInfo(
+        prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens
+    )

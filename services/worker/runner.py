@@ -1,0 +1,225 @@
+"""The inference worker's main loop: read the stream, submit to the engine, poll cancels, heartbeat.
+
+Everything here runs on the main thread; the engine decodes on its own thread and the
+``EventWriter`` thread writes its events. ``InferenceWorker.run()`` returns after a SIGTERM once
+in-flight jobs have finished (or ``drain_timeout_s`` passed: the rest are released to the
+group, status back to ``waiting``, for another worker to claim).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+
+from services.engine.api import ImageInput, RequestRejected
+from services.worker.events import EventWriter, JobRun, WriterConfig
+from services.worker.requests import build_request, needs_image
+from services.worker.store import JobStore
+from services.worker.stream import Entry, StreamConsumer
+from shared import metrics_hash
+from shared.config import InferenceSettings
+from shared.jobs import JobRecord
+from shared.schemas import JobStatus
+from shared.tensors import TensorCodecError
+
+log = logging.getLogger(__name__)
+CANCEL_POLL_S = 0.05
+READ_BLOCK_MS = 50
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class InferenceWorker:
+    def __init__(self, settings: InferenceSettings, engine: Any, client: redis.Redis, processor_id: str):
+        self.settings = settings
+        self.engine = engine
+        self.r = client
+        self.keys = settings.keys
+        self.processor_id = processor_id
+        self.worker_id = settings.worker_id or default_worker_id()
+        max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
+        self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
+        self.store = JobStore(client, self.keys, settings.job_ttl_s, settings.image_ttl_s)
+        self.consumer = StreamConsumer(client, self.keys.inference_stream(), self.worker_id)
+        config = WriterConfig(settings.model_name, settings.session_ttl_s, settings.result_cache_ttl_s)
+        self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
+        self.runs: dict[str, JobRun] = {}
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0}
+
+    # --- lifecycle ---
+    def run(self) -> None:
+        self.consumer.ensure_group()
+        self.writer.start()
+        self.heartbeat()
+        for entry in self.consumer.read(self.capacity, 0, own_pending=True):  # same name, restarted
+            self.handle(entry)
+        log.info("inference worker %s reading %s", self.worker_id, self.keys.inference_stream())
+        while not self.stopping.is_set():
+            self.tick()
+        self.shutdown()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next["heartbeat"]:
+            self._next["heartbeat"] = now + self.settings.heartbeat_s
+            self.heartbeat()
+            self.consumer.renew([run.entry.entry_id for run in self._runs()])
+        if now >= self._next["cancel"]:
+            self._next["cancel"] = now + CANCEL_POLL_S
+            self.poll_cancels()
+        if now >= self._next["claim"]:
+            self._next["claim"] = now + max(0.5, self.settings.claim_idle_ms / 2000)
+            for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots()):
+                self.handle(entry)
+        free = self.free_slots()
+        if free <= 0:
+            time.sleep(READ_BLOCK_MS / 1000)
+            return
+        for entry in self.consumer.read(free, READ_BLOCK_MS):
+            self.handle(entry)
+
+    def shutdown(self) -> None:
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self._runs() and time.monotonic() < deadline:
+            self.poll_cancels()
+            self.heartbeat()
+            time.sleep(CANCEL_POLL_S)
+        leftover = self._runs()
+        for run in leftover:  # another worker claims them; never left "generating" here
+            run.released = True
+        self.engine.stop(drain_timeout_s=0.0)
+        self.writer.stop()
+        for run in leftover:
+            self.store.set_status(run.job_id, JobStatus.WAITING, run.attempt)
+        self.r.delete(self.keys.worker_heartbeat(self.worker_id))
+        log.info("inference worker %s stopped (%d jobs released)", self.worker_id, len(leftover))
+
+    # --- one stream entry ---
+    def handle(self, entry: Entry) -> None:
+        loaded = self.store.load(entry.job_id) if entry.job_id else None
+        if loaded is None or loaded[0].status.terminal:
+            return self._ack(entry)  # gone, or finished by an earlier delivery
+        record, fields = loaded
+        if record.spec.job_id in self._run_ids():
+            return None  # already running here (claimed back our own entry)
+        attempt = self.store.begin_attempt(entry.job_id)
+        if attempt > self.settings.max_deliveries:
+            self.store.dead_letter(
+                entry.job_id, attempt - 1, f"delivered {attempt - 1} times without finishing"
+            )
+            return self._ack(entry, outcome=JobStatus.FAILED)
+        if reason := self._refusal(record, attempt):
+            return self._ack(entry, outcome=reason)
+        try:
+            self._submit(entry, record, fields, attempt)
+        except (RequestRejected, LookupError, TensorCodecError) as exc:
+            self._forget(entry.job_id)
+            self.store.fail(entry.job_id, str(exc), attempt)
+            self._ack(entry, outcome=JobStatus.FAILED)
+        return None
+
+    def _refusal(self, record: JobRecord, attempt: int) -> JobStatus | None:
+        """Cancelled or expired before it ran: finish it now, never generate."""
+        job_id = record.spec.job_id
+        if self.r.exists(self.keys.job_cancel(job_id)):
+            self.store.cancel(job_id, attempt)
+            return JobStatus.CANCELLED
+        if record.spec.deadline is not None and time.time() > record.spec.deadline:
+            self.store.expire(job_id, attempt)
+            return JobStatus.EXPIRED
+        return None
+
+    def _submit(self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int) -> None:
+        spec = record.spec
+        request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record))
+        self.engine.validate(request)
+        run = JobRun(
+            entry=entry,
+            spec=spec,
+            attempt=attempt,
+            request_id=request.request_id,
+            published=self.store.published_tokens(spec.job_id) if attempt > 1 else [],
+            queue_s=_seconds_between(spec.created_at, fields.get("decode_started_at")),
+            decode_s=float(fields.get("decode_s", 0.0)),
+            waiting_at=float(fields["waiting_at"]) if "waiting_at" in fields else None,
+        )
+        with self._lock:
+            self.runs[spec.job_id] = run
+        self.engine.submit(request, lambda event, run=run: self.writer.put(run, event))
+
+    def _image(self, record: JobRecord) -> ImageInput | None:
+        spec = record.spec
+        if not needs_image(spec):
+            return None
+        digest = spec.image_digest or (self.store.session_image(spec.session_id) if spec.session_id else None)
+        if digest is None:
+            raise LookupError("the conversation refers to an image but the job has none")
+        return self.store.image(digest, self.processor_id)
+
+    # --- running jobs ---
+    def poll_cancels(self) -> None:
+        runs = {run.job_id: run for run in self._runs() if not run.cancel_sent}
+        for job_id in self.store.cancel_requested(list(runs)):
+            runs[job_id].cancel_sent = True
+            self.engine.cancel(runs[job_id].request_id)
+
+    def free_slots(self) -> int:
+        if self.stopping.is_set() or not self.engine.healthy:
+            return 0
+        return self.capacity - len(self._run_ids())
+
+    def heartbeat(self) -> None:
+        beat = {
+            "worker_id": self.worker_id,
+            "model": self.settings.model,
+            "quantize": self.settings.quantize,
+            "device": self.settings.device,
+            "healthy": bool(self.engine.healthy),
+            "last_error": self.engine.last_error,
+            "ts": time.time(),
+            "inflight": len(self._run_ids()),
+            "capacity": self.capacity,
+            "stopping": self.stopping.is_set(),
+            "engine": self.engine.stats().to_dict(),
+        }
+        ttl_ms = int(3000 * self.settings.heartbeat_s)
+        self.r.set(self.keys.worker_heartbeat(self.worker_id), json.dumps(beat, default=str), px=ttl_ms)
+
+    def _finished(self, run: JobRun) -> None:
+        """Writer thread: the job's terminal state is written and its entry acknowledged."""
+        self._forget(run.job_id)
+
+    # --- helpers ---
+    def _ack(self, entry: Entry, outcome: JobStatus | None = None) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        self.consumer.ack(pipe, entry.entry_id)
+        if outcome is not None:
+            metrics_hash.inc(pipe, self.keys.metrics_counters(), "jobs_total", outcome=outcome.value)
+        pipe.execute()
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self.runs.pop(job_id, None)
+
+    def _runs(self) -> list[JobRun]:
+        with self._lock:
+            return list(self.runs.values())
+
+    def _run_ids(self) -> set[str]:
+        with self._lock:
+            return set(self.runs)
+
+
+def _seconds_between(start: float, end: str | None) -> float:
+    return max(0.0, float(end) - start) if end else 0.0

@@ -1,0 +1,124 @@
+"""Job records as the inference worker sees them: load, start an attempt, tensors, published tokens.
+
+Terminal states go through shared/jobs.py's FINISH_LUA (``finish`` queues it on a pipeline, so
+the writer thread can put it in the same round trip as the last token events).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from services.engine.api import ImageInput
+from services.worker.requests import image_input
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
+from shared.keys import Keys
+from shared.schemas import JobEvent, JobStatus
+from shared.tensors import TensorCodecError, unpack_tensors
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, keys: Keys, job_ttl_s: int, image_ttl_s: int):
+        self.r = client
+        self.keys = keys
+        self.job_ttl_s = job_ttl_s
+        self.image_ttl_s = image_ttl_s
+        self._set_status = client.register_script(SET_STATUS_LUA)
+        self._finish = client.register_script(FINISH_LUA)
+
+    # --- reads ---
+    def load(self, job_id: str) -> tuple[JobRecord, dict[str, str]] | None:
+        """The job record and its raw fields (decode timings live outside JobRecord)."""
+        raw = self.r.hgetall(self.keys.job(job_id))
+        if not raw or b"spec" not in raw:
+            return None
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        return JobRecord.from_hash(raw), fields
+
+    def cancel_requested(self, job_ids: list[str]) -> list[str]:
+        """Those of ``job_ids`` whose cancel flag is set (one round trip)."""
+        if not job_ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(self.keys.job_cancel(job_id))
+        return [j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag]
+
+    def published_tokens(self, job_id: str) -> list[int]:
+        """Token ids already in the job's event stream (earlier attempts), in index order."""
+        tokens: list[int] = []
+        for _id, fields in self.r.xrange(self.keys.job_events(job_id)):
+            event = JobEvent.from_fields(fields)
+            if event.type != "token" or event.index is None or event.token_ids is None:
+                continue
+            if event.index == len(tokens):
+                tokens.extend(event.token_ids)
+            elif event.index + len(event.token_ids) > len(tokens):  # partial overlap: keep the new tail
+                tokens.extend(event.token_ids[len(tokens) - event.index :])
+        return tokens
+
+    def session_image(self, session_id: str) -> str | None:
+        raw = self.r.hget(self.keys.session(session_id), "image_digest")
+        return raw.decode() if raw else None
+
+    def image(self, digest: str, processor_id: str) -> ImageInput:
+        """The decoded tensor; raises LookupError when it is gone, TensorCodecError when corrupt."""
+        key = self.keys.tensor(digest, processor_id)
+        payload = self.r.get(key)
+        if payload is None:
+            raise LookupError("decoded image expired before inference; submit the image again")
+        self.r.expire(key, self.image_ttl_s)  # sessions keep using it
+        try:
+            return image_input(unpack_tensors(bytes(payload)), digest)  # type: ignore[arg-type]
+        except (TensorCodecError, KeyError) as exc:
+            raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
+
+    # --- writes ---
+    def begin_attempt(self, job_id: str) -> int:
+        return int(self.r.hincrby(self.keys.job(job_id), "attempt", 1))
+
+    def set_status(self, job_id: str, status: JobStatus, attempt: int, client: Any = None) -> Any:
+        args = status_args(status, time.time(), self.job_ttl_s, attempt)
+        return self._set_status(keys=self.job_keys(job_id), args=args, client=client)
+
+    def finish(self, job_id: str, event: JobEvent, status: JobStatus, client: Any = None) -> Any:
+        """FINISH_LUA (1 = this call wrote the terminal state, 0 = it was already terminal)."""
+        args = finish_args(event, status, time.time(), self.job_ttl_s)
+        return self._finish(keys=self.job_keys(job_id), args=args, client=client)
+
+    def fail(self, job_id: str, reason: str, attempt: int) -> bool:
+        event = JobEvent(
+            type="error", attempt=attempt, status=JobStatus.FAILED, finish_reason="error", error=reason
+        )
+        return bool(self.finish(job_id, event, JobStatus.FAILED))
+
+    def expire(self, job_id: str, attempt: int) -> bool:
+        event = JobEvent(
+            type="status",
+            attempt=attempt,
+            status=JobStatus.EXPIRED,
+            finish_reason="expired",
+            error="deadline passed before generation",
+        )
+        return bool(self.finish(job_id, event, JobStatus.EXPIRED))
+
+    def cancel(self, job_id: str, attempt: int) -> bool:
+        event = JobEvent(
+            type="status", attempt=attempt, status=JobStatus.CANCELLED, finish_reason="cancelled"
+        )
+        return bool(self.finish(job_id, event, JobStatus.CANCELLED))
+
+    def dead_letter(self, job_id: str, attempts: int, reason: str) -> None:
+        self.fail(job_id, f"dead letter: {reason}", attempts)
+        payload = {"job_id": job_id, "attempts": str(attempts), "reason": reason, "ts": str(time.time())}
+        self.r.xadd(self.keys.dead_letters(), payload, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+
+    def job_keys(self, job_id: str) -> list[str]:
+        return [self.keys.job(job_id), self.keys.job_events(job_id), self.keys.job_wake(job_id)]
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,81 @@
+"""Worker metrics published into one Redis hash (``Keys.metrics_counters``), Prometheus-shaped.
+
+Field names are Prometheus series names with labels, values are numbers, e.g.::
+
+    jobs_total{outcome="done"}                     -> 42
+    stage_seconds_bucket{stage="decode",le="0.05"} -> 17   (cumulative, like Prometheus)
+    stage_seconds_sum{stage="decode"}              -> 1.93
+    stage_seconds_count{stage="decode"}            -> 40
+
+Workers write with ``inc``/``observe`` (HINCRBY/HINCRBYFLOAT on any sync or async pipeline);
+the gateway's ``/metrics`` reads the hash with ``parse_series`` and exposes each family with a
+``vlmq_`` prefix. Many processes may write the same hash: increments add up cluster-wide.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# Seconds buckets for stage latencies / TTFT; inter-token latency uses the low end.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+_SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(\{(?P<labels>.*)\})?$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def series(name: str, **labels: object) -> str:
+    """``series("jobs_total", outcome="done")`` -> ``jobs_total{outcome="done"}``."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def inc(pipe: Any, key: str, name: str, amount: float = 1, **labels: object) -> None:
+    """Add ``amount`` to a counter (HINCRBY for ints, HINCRBYFLOAT otherwise)."""
+    field = series(name, **labels)
+    if isinstance(amount, int):
+        pipe.hincrby(key, field, amount)
+    else:
+        pipe.hincrbyfloat(key, field, amount)
+
+
+def observe(
+    pipe: Any,
+    key: str,
+    name: str,
+    value: float,
+    buckets: tuple[float, ...] = LATENCY_BUCKETS,
+    **labels: object,
+) -> None:
+    """One histogram observation: cumulative ``_bucket`` counts, ``_sum`` and ``_count``."""
+    for bound in (*buckets, math.inf):
+        if value <= bound:
+            pipe.hincrby(key, series(f"{name}_bucket", **labels, le=_le(bound)), 1)
+    pipe.hincrbyfloat(key, series(f"{name}_sum", **labels), float(value))
+    pipe.hincrby(key, series(f"{name}_count", **labels), 1)
+
+
+def parse_series(field: str) -> tuple[str, dict[str, str]] | None:
+    """``name{a="b"}`` -> (name, {a: b}); anything else is sanitised into a bare name."""
+    match = _SERIES.match(field)
+    if match is None:
+        name = re.sub(r"[^A-Za-z0-9_]", "_", field)
+        return (name, {}) if name and not name[0].isdigit() else None
+    labels = {k: _unescape(v) for k, v in _LABEL.findall(match.group("labels") or "")}
+    return match.group("name"), labels
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _unescape(value: str) -> str:
+    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")

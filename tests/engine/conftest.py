@@ -1,0 +1,52 @@
+"""Engine test fixtures: the bundled model (models/vlmq-tiny, or the random-init checkpoint in the
+final format until it lands) and tiny random models of three architectures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from bench.common import build_model, bundled_model_path, load_bundled
+from services.engine import Engine, EngineConfig
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def bundled() -> tuple[Any, Any]:
+    if bundled_model_path() is None:
+        pytest.skip("no bundled model checkpoint")
+    return load_bundled()
+
+
+@pytest.fixture(scope="session")
+def bundled_tie_tol() -> float:
+    """Trained weights: strictly token-identical. Random-init stand-in: near ties allowed."""
+    path = bundled_model_path()
+    return 0.0 if path is not None and path.name == "vlmq-tiny" else 1e-4
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, tuple[Any, Any]]:
+    return {name: build_model(name) for name in ("glm4v", "qwen2_vl", "llava")}
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Engine]]:
+    engines: list[Engine] = []
+
+    def make(model: Any, processor: Any, prewarm: bool = True, **cfg: Any) -> Engine:
+        cfg.setdefault("max_batch", 8)
+        engine = Engine(model, processor, EngineConfig(**cfg))
+        if prewarm:
+            engine.prewarm()
+        engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.stop(drain_timeout_s=5)

@@ -1,0 +1,171 @@
+"""The three caches: bounds and LRU eviction, TTL, integrity checks, and that a cache never hands one
+session or image the KV/features of another."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from bench.common import draw_image, image_input
+from services.engine import GenerationRequest, SamplingParams
+from services.engine.caches import CacheIntegrityError, ImageCache, KVEntry, PrefixCache, SessionCache
+from services.engine.sequence import ImageSpan, Prompt
+from tests.engine.reference import check, run_all, user
+
+
+def _feat(value: float) -> torch.Tensor:
+    return torch.full((4, 8), float(value))  # 128 bytes
+
+
+def test_bounded_lru_eviction_and_integrity():
+    cache = ImageCache(capacity_bytes=300)
+    for i in range(2):
+        assert cache.put(f"{i:064x}", _feat(i))
+    assert cache.get(f"{0:064x}") is not None  # 0 is now the most recent
+    cache.put(f"{2:064x}", _feat(2))  # over budget: evicts 1, the least recently used
+    assert cache.keys() == [f"{0:064x}", f"{2:064x}"]
+    assert cache.stats().evictions == 1 and cache.bytes == 256
+    assert not cache.put(f"{3:064x}", torch.zeros(100, 8))  # larger than the whole budget
+    cache.check_integrity()
+    cache.peek(f"{0:064x}").add_(1)  # somebody wrote into a stored tensor
+    with pytest.raises(CacheIntegrityError, match="changed"):
+        cache.check_integrity()
+
+
+def test_session_ttl_and_isolation():
+    cache = SessionCache(capacity_bytes=1 << 20, ttl_s=0.05)
+    kv = [(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))]
+    cache.put("a", KVEntry((1, 2, 3), (), kv))
+    prompt = Prompt([1, 2, 3, 4], torch.arange(4), [])
+    assert cache.match("b", prompt) == (None, 0)  # another session never sees a's KV
+    assert cache.match("a", prompt)[1] == 3
+    time.sleep(0.06)
+    assert cache.match("a", prompt) == (None, 0) and cache.stats().entries == 0
+
+
+def test_match_stops_at_a_different_image():
+    kv = [(torch.zeros(1, 1, 6, 2), torch.zeros(1, 1, 6, 2))]
+    entry = KVEntry((5, 9, 9, 9, 6, 7), (ImageSpan(1, 4, 0, "a" * 64),), kv)
+    same = Prompt([5, 9, 9, 9, 6, 7, 8], torch.arange(7), [ImageSpan(1, 4, 0, "a" * 64)])
+    other = Prompt([5, 9, 9, 9, 6, 7, 8], torch.arange(7), [ImageSpan(1, 4, 0, "b" * 64)])
+    assert entry.match_length(same) == 6
+    assert entry.match_length(other) == 1  # equal placeholder ids, different image: reuse stops before it
+    prefix = PrefixCache(1 << 20)
+    prefix.add(entry)
+    assert prefix.match(Prompt([5, 9], torch.arange(2), []))[1] == 1  # always leaves one token to prefill
+
+
+def _session_turns(
+    engine: Any, proc: Any, sid: str, png: bytes, tag: str
+) -> list[tuple[GenerationRequest, Any]]:
+    return [
+        (
+            GenerationRequest(
+                f"{sid}-{tag}",
+                [user("What colour is the big shape?")],
+                [image_input(proc, png)],
+                SamplingParams(max_tokens=8),
+                session_id=sid,
+            ),
+            png,
+        )
+    ]
+
+
+def test_concurrent_sessions_never_see_each_others_kv(bundled, make_engine, bundled_tie_tol):
+    """Four sessions with the same words but different images run their turns together."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    pngs = [draw_image(20 + i) for i in range(4)]
+    history: dict[str, list[dict[str, Any]]] = {
+        f"s{i}": [user("What colour is the big shape?")] for i in range(4)
+    }
+    for turn, follow_up in enumerate([None, "Where is it?", "And its shape?"]):
+        reqs = []
+        for i, (sid, msgs) in enumerate(history.items()):
+            if follow_up:
+                msgs.append(user(follow_up, image=False))
+            reqs.append(
+                GenerationRequest(
+                    f"{sid}-{turn}",
+                    list(msgs),
+                    [image_input(proc, pngs[i])],
+                    SamplingParams(max_tokens=8),
+                    session_id=sid,
+                )
+            )
+        out = run_all(engine, reqs)
+        for i, req in enumerate(reqs):
+            check(out[req.request_id], model, proc, req, [pngs[i]], bundled_tie_tol)
+            answer = "".join(e.text for e in out[req.request_id])
+            history[req.session_id].append(
+                {"role": "assistant", "content": [{"type": "text", "text": answer}]}
+            )
+            if turn:
+                assert out[req.request_id][-1].usage.cached_tokens > 100
+    entries = {sid: engine.caches.session.peek(sid) for sid in history}
+    assert [e.spans[0].digest for e in entries.values()] == [image_input(proc, p).digest for p in pngs]
+    engine.caches.session.check_integrity()
+
+
+def test_changed_image_in_a_session_is_not_served_from_stale_kv(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    msgs = [user("What colour is the big shape?")]
+    a, b = draw_image(31), draw_image(32)
+    engine.generate_sync(GenerationRequest("t1", msgs, [image_input(proc, a)], session_id="s"))
+    req = GenerationRequest("t2", msgs, [image_input(proc, b)], SamplingParams(max_tokens=8), session_id="s")
+    ev = engine.generate_sync(req)
+    check(ev, model, proc, req, [b], bundled_tie_tol)
+    assert (
+        ev[-1].usage.cached_tokens < req.images[0].image_grid_thw.prod() // 4 + 130
+    )  # stopped before the image
+
+
+def test_evicted_session_is_rebuilt_from_the_conversation(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc, session_cache_bytes=1)  # nothing fits: every turn rebuilds
+    png = draw_image(40)
+    msgs = [user("What shape is it?")]
+    first = engine.generate_sync(GenerationRequest("t1", msgs, [image_input(proc, png)], session_id="s"))
+    msgs += [
+        {"role": "assistant", "content": [{"type": "text", "text": "".join(e.text for e in first)}]},
+        user("And its colour?", image=False),
+    ]
+    req = GenerationRequest(
+        "t2", msgs, [image_input(proc, png)], SamplingParams(max_tokens=8), session_id="s"
+    )
+    ev = engine.generate_sync(req)
+    check(ev, model, proc, req, [png], bundled_tie_tol)
+    s = engine.stats().caches["session"]
+    assert s.entries == 0 and s.hits == 0 and s.misses == 2
+
+
+def test_engine_caches_stay_within_bounds(bundled, make_engine):
+    model, proc = bundled
+    image = image_input(proc, draw_image(50))
+    feature_bytes = int(image.image_grid_thw.prod()) // 4 * model.config.text_config.hidden_size * 4
+    probe = make_engine(model, proc, prewarm=False)
+    session_bytes = probe.adapter.kv_bytes_per_token() * 200
+    engine = make_engine(
+        model, proc, image_cache_bytes=3 * feature_bytes, session_cache_bytes=3 * session_bytes
+    )
+    reqs = [
+        GenerationRequest(
+            f"r{i}",
+            [user("Where is it?")],
+            [image_input(proc, draw_image(50 + i))],
+            SamplingParams(max_tokens=4),
+            session_id=f"s{i}",
+        )
+        for i in range(10)
+    ]
+    run_all(engine, reqs)
+    stats = engine.stats().caches
+    for name in ("image", "session"):
+        assert stats[name].evictions > 0 and stats[name].bytes <= stats[name].capacity_bytes
+    for cache in engine.caches.all():
+        cache.check_integrity()

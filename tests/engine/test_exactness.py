@@ -1,0 +1,136 @@
+"""Greedy fp32 output of the engine is token-identical to a from-scratch batch-of-one
+``model.generate`` of the same conversation, whatever the batching and caching (bundled model)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from bench.common import draw_image, image_input
+from services.engine import GenerationRequest, SamplingParams, TokenEvent
+from tests.engine.reference import check, reference, run_all, assert_greedy_match, tokens_of, user
+
+QUESTIONS = [
+    "What colour is the circle?",
+    "How many shapes are there?",
+    "Where is the red square?",
+    "What shape is the big one?",
+    "Is the star left or right of the circle?",
+    "What is written?",
+]
+
+
+def _req(
+    proc: Any, i: int, max_tokens: int = 12, size: tuple[int, int] = (64, 64), **kw: Any
+) -> tuple[GenerationRequest, list[bytes]]:
+    png = draw_image(i, size)
+    msgs = [user(QUESTIONS[i % len(QUESTIONS)])]
+    return GenerationRequest(
+        f"r{i}-{size[0]}", msgs, [image_input(proc, png)], SamplingParams(max_tokens=max_tokens), **kw
+    ), [png]
+
+
+def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, i) for i in range(8)]
+    text_only = GenerationRequest(
+        "t", [user("Say something.", image=False)], [], SamplingParams(max_tokens=12)
+    )
+    single = engine.generate_sync(reqs[0][0])
+    check(single, model, proc, reqs[0][0], reqs[0][1], bundled_tie_tol)
+    batched = run_all(engine, [r for r, _ in reqs] + [text_only])
+    for req, pngs in [*reqs, (text_only, [])]:
+        check(batched[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+    assert max(engine.stats().batch_sizes) >= 8
+
+
+def test_mixed_image_sizes_in_one_batch(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, i, size=s) for i, s in enumerate([(64, 64), (112, 80), (48, 128), (128, 128)])]
+    grids = {tuple(r.images[0].image_grid_thw[0].tolist()) for r, _ in reqs}
+    assert len(grids) >= 3
+    out = run_all(engine, [r for r, _ in reqs])
+    for req, pngs in reqs:
+        check(out[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
+def test_sequences_joining_mid_flight(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=0)
+    first, first_png = _req(proc, 0, max_tokens=40)
+    joiners = [_req(proc, i, max_tokens=8) for i in range(1, 4)]
+    events: dict[str, list[TokenEvent]] = {}
+    done = threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            done.release()
+        # each new token of the long request lets one more request join the running batch
+        if ev.request_id == first.request_id and 2 <= ev.index <= 4:
+            req, _ = joiners[ev.index - 2]
+            engine.submit(req, on_event)
+
+    engine.submit(first, on_event)
+    for _ in range(4):
+        assert done.acquire(timeout=60)
+    if not events[first.request_id][-1].finish_reason == "stop":  # joined while it was still running
+        assert engine.stats().batch_sizes.get(2, 0) + engine.stats().batch_sizes.get(3, 0) > 0
+    check(events[first.request_id], model, proc, first, first_png, bundled_tie_tol)
+    for req, pngs in joiners:
+        check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
+def test_prefix_cache_on_and_off(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    reqs = [_req(proc, i) for i in range(3)]
+    on = make_engine(model, proc, prefix_cache=True)
+    off = make_engine(model, proc, prefix_cache=False)
+    got_on, got_off = run_all(on, [r for r, _ in reqs]), run_all(off, [r for r, _ in reqs])
+    for req, pngs in reqs:
+        ref = reference(model, proc, req.messages, pngs, req.sampling.max_tokens)
+        assert_greedy_match(tokens_of(got_on[req.request_id]), ref, bundled_tie_tol)
+        assert_greedy_match(tokens_of(got_off[req.request_id]), ref, bundled_tie_tol)
+        assert got_on[req.request_id][-1].usage.cached_tokens > 50  # the system prompt came from the cache
+        assert got_off[req.request_id][-1].usage.cached_tokens == 0
+    assert on.stats().caches["prefix"].hits >= 3
+
+
+def test_session_turns_cached_vs_recompute(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    png = draw_image(7)
+    img = image_input(proc, png)
+    msgs: list[dict[str, Any]] = []
+    for turn, q in enumerate(["What shape is the red one?", "And its colour?", "Where is it?"]):
+        msgs = [*msgs, user(q, image=turn == 0)]
+        req = GenerationRequest(f"s{turn}", msgs, [img], SamplingParams(max_tokens=10), session_id="sess-1")
+        events = engine.generate_sync(req)
+        recompute = engine.generate_sync(
+            GenerationRequest(f"s{turn}-full", msgs, [img], SamplingParams(max_tokens=10), use_cache=False)
+        )
+        assert tokens_of(events) == tokens_of(recompute)
+        check(events, model, proc, req, [png], bundled_tie_tol)
+        usage = events[-1].usage
+        if turn:  # everything up to the new question came from the session cache
+            assert usage.cached_tokens >= usage.prompt_tokens - 20, usage
+        answer = "".join(e.text for e in events)
+        msgs = [*msgs, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    engine.caches.session.check_integrity()
+    assert engine.stats().caches["session"].hits == 2
+
+
+def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    req, pngs = _req(proc, 3)
+    miss = engine.generate_sync(req)
+    req2 = GenerationRequest("again", [user("How many shapes are there?")], req.images, req.sampling)
+    hit = engine.generate_sync(req2)
+    stats = engine.stats().caches["image"]
+    assert (stats.hits, stats.misses) == (1, 1)
+    check(miss, model, proc, req, pngs, bundled_tie_tol)
+    check(hit, model, proc, req2, pngs, bundled_tie_tol)
+    engine.caches.image.check_integrity()

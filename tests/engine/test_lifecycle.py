@@ -1,0 +1,244 @@
+"""Scheduling and request lifecycle: cancellation, deadlines, the admission window, rejections,
+failures that stay contained, drain on stop, the asyncio API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from bench.common import draw_image, image_input
+from services.engine import (
+    FinishReason,
+    GenerationRequest,
+    ImageInput,
+    RequestRejected,
+    SamplingParams,
+    TokenEvent,
+)
+from tests.engine.reference import run_all, tokens_of, user
+
+
+def _req(proc: Any, rid: str, max_tokens: int = 8, **kw: Any) -> GenerationRequest:
+    return GenerationRequest(
+        rid,
+        [user("What colour is the circle?")],
+        [image_input(proc, draw_image(1))],
+        SamplingParams(max_tokens=max_tokens),
+        **kw,
+    )
+
+
+def test_cancel_frees_the_slot_within_one_step(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, max_batch=1)
+    events: dict[str, list[TokenEvent]] = {"long": [], "next": []}
+    started, finished = threading.Event(), threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        events[ev.request_id].append(ev)
+        if ev.request_id == "long" and ev.index == 2:
+            started.set()
+        if ev.finished:
+            finished.release()
+
+    engine.submit(_req(proc, "long", max_tokens=400), on_event)
+    engine.submit(_req(proc, "next"), on_event)  # waits: the only slot is taken
+    assert started.wait(30)
+    assert engine.stats().waiting == 1
+    steps_before = engine.stats().steps
+    assert engine.cancel("long")
+    assert finished.acquire(timeout=30) and finished.acquire(timeout=30)
+    long_ev = events["long"]
+    assert long_ev[-1].finish_reason == FinishReason.CANCELLED and len(tokens_of(long_ev)) < 400
+    # the cancelled row left at the very next step and "next" was prefilled right after
+    first_next = events["next"][0]
+    assert first_next.index == 0 and events["next"][-1].finished
+    assert engine.stats().steps - steps_before <= 2 + len(tokens_of(events["next"]))
+    assert not engine.cancel("long")  # no longer known
+
+
+def test_expired_requests_never_run(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    ev = engine.generate_sync(_req(proc, "late", deadline=time.time() - 1))
+    assert [e.finish_reason for e in ev] == [FinishReason.EXPIRED] and tokens_of(ev) == []
+    s = engine.stats()
+    assert s.prefill_steps == 0 and s.prompt_tokens == 0
+
+
+def test_deadline_during_the_run_stops_it(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    ev = engine.generate_sync(_req(proc, "slow", max_tokens=500, deadline=time.time() + 0.3))
+    assert ev[-1].finish_reason == FinishReason.EXPIRED and 0 < len(tokens_of(ev)) < 500
+
+
+def test_window_never_delays_a_lone_request(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=2000)
+    t0 = time.monotonic()
+    ev = engine.generate_sync(_req(proc, "alone", max_tokens=2))
+    assert time.monotonic() - t0 < 1.0 and ev[-1].timings.queue < 0.1
+
+
+def test_window_groups_arrivals_into_one_prefill(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=300)
+    events: list[TokenEvent] = []
+    done = threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        events.append(ev)
+        done.release() if ev.finished else None
+
+    engine.submit(_req(proc, "a", max_tokens=200), on_event)
+    while not events:
+        time.sleep(0.005)
+    for rid in "bcd":  # arrive while "a" runs: admitted together after the window, one prefill
+        engine.submit(_req(proc, rid, max_tokens=4), on_event)
+    for _ in range(4):
+        assert done.acquire(timeout=60)
+    assert engine.stats().prefill_steps == 2
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(sampling=SamplingParams(max_tokens=0)), "max_tokens"),
+        (dict(sampling=SamplingParams(max_tokens=10_000)), "max_tokens"),
+        (dict(sampling=SamplingParams(temperature=-1)), "temperature"),
+        (dict(sampling=SamplingParams(top_p=0)), "top_p"),
+        (dict(sampling=SamplingParams(top_k=-2)), "top_k"),
+        (dict(sampling=SamplingParams(stop=("",))), "stop"),
+        (dict(images=[]), "images given for 1 image parts"),
+        (dict(messages=[]), "non-empty"),
+        (dict(messages=[user("x" * 12000)]), "exceeds the context"),
+    ],
+)
+def test_bad_requests_are_refused(bundled, make_engine, change, match):
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False, max_context_tokens=2048)
+    base = _req(proc, "bad")
+    req = GenerationRequest(**{**base.__dict__, **change})
+    with pytest.raises(RequestRejected, match=match):
+        engine.submit(req, lambda ev: None)
+    assert engine.stats().submitted == 0
+
+
+def test_bad_tensors_are_refused(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False)
+    good = image_input(proc, draw_image(1))
+    bad = [
+        ImageInput(good.pixel_values[:-4], good.image_grid_thw, good.digest),
+        ImageInput(good.pixel_values, torch.tensor([[1, 7, 8]]), good.digest),
+        ImageInput(good.pixel_values * float("nan"), good.image_grid_thw, good.digest),
+        ImageInput(good.pixel_values, good.image_grid_thw, good.digest[:16]),
+    ]
+    for image in bad:
+        with pytest.raises(RequestRejected):
+            engine.validate(GenerationRequest("x", [user("hi")], [image]))
+
+
+def test_one_failing_request_does_not_take_the_batch_down(bundled, make_engine):
+    """A request whose prefill fails (fault injected in the vision tower for one image) errors alone;
+    the requests prefilled in the same batch carry on."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    good = [_req(proc, f"ok{i}") for i in range(3)]
+    poisoned = GenerationRequest("poison", [user("Where is it?")], [image_input(proc, draw_image(99))])
+    poisoned.images[0].pixel_values[0, 0] = 123.0  # the marker the hook below refuses
+
+    def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pixels = args[0] if args else kwargs["hidden_states"]
+        if (pixels == 123.0).any():
+            raise RuntimeError("vision tower fault")
+
+    handle = model.model.visual.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        out = run_all(engine, [*good, poisoned])
+    finally:
+        handle.remove()
+    assert (
+        out["poison"][-1].finish_reason == FinishReason.ERROR
+        and "vision tower fault" in out["poison"][-1].error
+    )
+    for r in good:
+        assert out[r.request_id][-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    assert engine.healthy and engine.stats().errors == 1
+
+
+def test_forward_failure_fails_in_flight_and_reports_unhealthy(tiny_models, make_engine):
+    model, proc = tiny_models["glm4v"]
+    engine = make_engine(model, proc)
+    boom = threading.Event()
+
+    def hook(*_: Any) -> None:
+        if boom.is_set():
+            raise RuntimeError("device lost")
+
+    handle = model.get_decoder().layers[0].register_forward_pre_hook(hook)
+    try:
+        events: list[TokenEvent] = []
+        engine.submit(_req(proc, "r", max_tokens=300), lambda ev: (events.append(ev), boom.set()))
+        deadline = time.monotonic() + 30
+        while not (events and events[-1].finished) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        handle.remove()
+    assert events[-1].finish_reason == FinishReason.ERROR and "device lost" in (events[-1].error or "")
+    assert not engine.healthy and "device lost" in (engine.last_error or "")
+
+
+def test_callback_exceptions_are_contained(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+
+    def bad(ev: TokenEvent) -> None:
+        raise ValueError("listener bug")
+
+    engine.submit(_req(proc, "a"), bad)
+    ev = engine.generate_sync(_req(proc, "b"))
+    assert ev[-1].finished and engine.healthy
+
+
+def test_stop_drains_then_refuses(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    events: list[TokenEvent] = []
+    engine.submit(_req(proc, "a", max_tokens=20), events.append)
+    engine.stop(drain_timeout_s=None)
+    assert events[-1].finished and events[-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    with pytest.raises(RequestRejected, match="stopping"):
+        engine.submit(_req(proc, "b"), events.append)
+
+
+def test_stop_with_timeout_cancels_what_is_left(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    events: list[TokenEvent] = []
+    engine.submit(_req(proc, "a", max_tokens=500), events.append)
+    engine.stop(drain_timeout_s=0.05)
+    assert events[-1].finish_reason == FinishReason.CANCELLED
+
+
+async def test_async_generate_and_early_exit_cancels(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    got = [ev async for ev in engine.generate(_req(proc, "a", max_tokens=5))]
+    assert got[-1].finished and len(tokens_of(got)) <= 5
+    agen = engine.generate(_req(proc, "b", max_tokens=300))
+    async for ev in agen:
+        if ev.index >= 2:
+            break
+    await agen.aclose()
+    for _ in range(100):
+        if engine.stats().running == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.stats().running == 0 and engine.stats().finished.get("cancelled") == 1

@@ -1,0 +1,102 @@
+"""Sampling parameters, stop strings, streaming text, and quantized modes end to end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from bench.common import draw_image, image_input, load_bundled
+from services.engine import FinishReason, GenerationRequest, SamplingParams
+from services.engine.detok import Detokenizer
+from services.engine.sampling import make_generator, sample
+from tests.engine.reference import run_all, tokens_of, user
+
+
+def _req(proc: Any, rid: str, sampling: SamplingParams) -> GenerationRequest:
+    return GenerationRequest(
+        rid, [user("What colour is the circle?")], [image_input(proc, draw_image(2))], sampling
+    )
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    params = SamplingParams(max_tokens=16, temperature=1.5, top_p=0.9, top_k=50, seed=1234)
+    alone = tokens_of(engine.generate_sync(_req(proc, "alone", params)))
+    others = [_req(proc, f"o{i}", SamplingParams(max_tokens=16, temperature=1.0, seed=i)) for i in range(5)]
+    together = run_all(engine, [_req(proc, "batched", params), *others])
+    assert tokens_of(together["batched"]) == alone
+    other_seed = tokens_of(
+        engine.generate_sync(_req(proc, "seed2", SamplingParams(16, 1.5, 0.9, 50, seed=99)))
+    )
+    assert other_seed != alone  # the seed matters (16 draws at temperature 1.5)
+
+
+def test_top_k_one_is_greedy(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    greedy = tokens_of(engine.generate_sync(_req(proc, "g", SamplingParams(max_tokens=10))))
+    k1 = tokens_of(
+        engine.generate_sync(_req(proc, "k", SamplingParams(max_tokens=10, temperature=2.0, top_k=1)))
+    )
+    assert greedy == k1
+
+
+def test_sample_function_filters():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]] * 200)
+    gens = [make_generator(i) for i in range(200)]
+    top2 = sample(logits, [SamplingParams(temperature=1.0, top_k=2)] * 200, gens)
+    assert set(top2) == {1, 2}
+    nucleus = sample(logits, [SamplingParams(temperature=1.0, top_p=0.5)] * 200, gens)
+    assert set(nucleus) == {1}
+
+
+def test_stop_string_cuts_the_text(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    full = engine.generate_sync(_req(proc, "full", SamplingParams(max_tokens=24)))
+    text = "".join(e.text for e in full)
+    if len(text) < 6:
+        pytest.skip("model answer too short to cut")
+    stop = text[3:6]
+    cut = engine.generate_sync(_req(proc, "cut", SamplingParams(max_tokens=24, stop=(stop,))))
+    assert cut[-1].finish_reason == FinishReason.STOP
+    assert "".join(e.text for e in cut) == text[: text.find(stop)]
+
+
+class _CharTokenizer:
+    """Token i decodes to VOCAB[i]: enough to drive the detokenizer without a model."""
+
+    VOCAB = ["he", "ll", "o", " w", "or", "ld", "\ufffd"]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.VOCAB[i] for i in ids)
+
+
+def test_detokenizer_holds_back_possible_stop_prefixes():
+    d = Detokenizer(_CharTokenizer(), stop=("o w",))
+    ids: list[int] = []
+    deltas = []
+    for tok in [0, 1, 2, 3, 4]:
+        ids.append(tok)
+        delta, stopped = d.step(ids, final=False)
+        deltas.append(delta)
+        if stopped:
+            break
+    assert stopped and "".join(deltas) == "hell"
+    d2 = Detokenizer(_CharTokenizer(), stop=())
+    assert d2.step([0, 6], final=False) == ("he", False)  # incomplete character held back
+    assert d2.step([0, 2], final=True) == ("o", False)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_quantized_modes_run_end_to_end(mode, make_engine):
+    model, proc = load_bundled(mode)
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, f"q{i}", SamplingParams(max_tokens=6)) for i in range(3)]
+    out = run_all(engine, reqs)
+    for r in reqs:
+        assert out[r.request_id][-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+        assert tokens_of(out[r.request_id])

@@ -1,0 +1,231 @@
+"""OpenAI-compatible API through the official ``openai`` client (workers played in Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+import redis
+
+from shared.jobs import JobRecord
+from shared.schemas import JobStatus
+from tests.gateway.workerside import decode_tasks, run_job
+from tests.support.jobs import image_bytes
+from tests.support.stack import ServiceStack, wait_for
+
+PNG = image_bytes("PNG", (120, 90), seed=3)
+DATA_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
+PIECES = ["A", " blue", " circle", "."]
+
+
+def user_turn(text: str, with_image: bool = True) -> dict[str, object]:
+    parts: list[dict[str, object]] = [{"type": "text", "text": text}]
+    if with_image:
+        parts.insert(0, {"type": "image_url", "image_url": {"url": DATA_URL}})
+    return {"role": "user", "content": parts}
+
+
+@pytest.fixture
+async def oai(gateway: ServiceStack) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="sk-test", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+async def fake_worker(gateway: ServiceStack, r: redis.Redis) -> AsyncIterator[list[str]]:
+    """Answers every new decode task with PIECES (the workers' side, written into Redis)."""
+    seen = set(decode_tasks(r, gateway.key_prefix))
+    answered: list[str] = []
+
+    async def loop() -> None:
+        while True:
+            for job_id in decode_tasks(r, gateway.key_prefix):
+                if job_id not in seen:
+                    seen.add(job_id)
+                    run_job(r, gateway.keys, job_id, PIECES)
+                    answered.append(job_id)
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(loop())
+    yield answered
+    task.cancel()
+
+
+async def test_models(oai: openai.AsyncOpenAI, gateway: ServiceStack) -> None:
+    models = await oai.models.list()
+    assert [m.id for m in models.data] == [gateway.settings.model_name]
+
+
+async def test_completion(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, r: redis.Redis, fake_worker: list[str]
+) -> None:
+    resp = await oai.chat.completions.create(
+        model=gateway.settings.model_name,
+        messages=[user_turn("What shape?")],
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"Cache-Control": "no-cache"},
+    )
+    assert resp.object == "chat.completion"
+    assert resp.choices[0].message.content == "A blue circle." and resp.choices[0].finish_reason == "stop"
+    assert resp.usage is not None and resp.usage.completion_tokens == 4 and resp.usage.total_tokens == 124
+    job_id = resp.id.removeprefix("chatcmpl-")
+    assert job_id in fake_worker
+    spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(job_id))).spec
+    assert spec.source == "openai" and spec.cancel_on_disconnect and spec.sampling.max_tokens == 8
+
+
+async def test_streaming(oai: openai.AsyncOpenAI, gateway: ServiceStack, fake_worker: list[str]) -> None:
+    stream = await oai.chat.completions.create(
+        model=gateway.settings.model_name,
+        messages=[user_turn("What shape?")],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"Cache-Control": "no-cache"},
+    )
+    chunks = [c async for c in stream]
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "A blue circle."
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+async def test_history_and_session_affinity(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, r: redis.Redis, fake_worker: list[str]
+) -> None:
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        user_turn("What shape?"),
+        {"role": "assistant", "content": "A circle."},
+        {"role": "user", "content": "What colour is it?"},
+    ]
+    resp = await oai.chat.completions.create(
+        model=gateway.settings.model_name,
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers={"X-Session-Id": "conv-7", "Cache-Control": "no-cache"},
+    )
+    spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.id.removeprefix("chatcmpl-")))).spec
+    assert spec.session_id == "conv-7"
+    assert [(t.role, t.text, t.image) for t in spec.messages] == [
+        ("system", "Answer briefly.", False),
+        ("user", "What shape?", True),
+        ("assistant", "A circle.", False),
+        ("user", "What colour is it?", False),
+    ]
+    resp = await oai.chat.completions.create(
+        model=gateway.settings.model_name,
+        messages=[user_turn("Hm?")],
+        user="user-session-9",
+        extra_headers={"Cache-Control": "no-cache"},
+    )
+    spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.id.removeprefix("chatcmpl-")))).spec
+    assert spec.session_id == "user-session-9"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "status", "words"),
+    [
+        ({"model": "gpt-4o"}, openai.NotFoundError, 404, "not found"),
+        (
+            {"messages": [{"role": "user", "content": "no image"}]},
+            openai.BadRequestError,
+            400,
+            "image is required",
+        ),
+        ({"temperature": 5}, openai.UnprocessableEntityError, 422, "temperature"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
+                    }
+                ]
+            },
+            openai.BadRequestError,
+            400,
+            "base64",
+        ),
+        (
+            {"messages": [user_turn("a"), {"role": "assistant", "content": "b"}]},
+            openai.BadRequestError,
+            400,
+            "last message",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image_url",
+                                "image_url": {
+                                    "url": "data:image/gif;base64," + base64.b64encode(b"GIF89a....").decode()
+                                },
+                            }
+                        ],
+                    }
+                ]
+            },
+            openai.APIStatusError,
+            415,
+            "unsupported",
+        ),
+    ],
+    ids=["model", "no-image", "temperature", "base64", "last-not-user", "gif"],
+)
+async def test_error_shapes(
+    oai: openai.AsyncOpenAI,
+    gateway: ServiceStack,
+    kwargs: dict[str, object],
+    error: type[openai.APIStatusError],
+    status: int,
+    words: str,
+) -> None:
+    args: dict[str, object] = {"model": gateway.settings.model_name, "messages": [user_turn("x")], **kwargs}
+    with pytest.raises(error) as info:
+        await oai.chat.completions.create(**args)  # type: ignore[call-overload]
+    assert info.value.status_code == status
+    body = info.value.body
+    assert isinstance(body, dict) and set(body) >= {
+        "message",
+        "type",
+        "param",
+        "code",
+    }  # the client unwraps "error"
+    assert words in body["message"]
+
+
+async def test_stream_disconnect_cancels_job(gateway: ServiceStack, r: redis.Redis) -> None:
+    """Nobody answers: the client reads the first chunk, then goes away -> cancel flag + cancelled."""
+    body = {"model": gateway.settings.model_name, "messages": [user_turn("Slow?")], "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=gateway.base_url, timeout=10) as client,
+        client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Cache-Control": "no-cache"}
+        ) as resp,
+    ):
+        assert resp.status_code == 200
+        job_id = resp.headers["x-vlmq-job-id"]
+        async for line in resp.aiter_lines():
+            if line.startswith("data:"):
+                break
+    wait_for(lambda: r.get(gateway.keys.job_cancel(job_id)), 5, what="cancel flag")
+    assert r.hget(gateway.keys.job(job_id), "status") == JobStatus.CANCELLED.value.encode()
+
+
+async def test_blocking_request_disconnect_cancels_job(gateway: ServiceStack, r: redis.Redis) -> None:
+    before = set(decode_tasks(r, gateway.key_prefix))
+    body = {"model": gateway.settings.model_name, "messages": [user_turn("Slow?")]}
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/chat/completions", json=body, headers={"Cache-Control": "no-cache"})
+    (job_id,) = set(decode_tasks(r, gateway.key_prefix)) - before
+    wait_for(lambda: r.get(gateway.keys.job_cancel(job_id)), 5, what="cancel flag")

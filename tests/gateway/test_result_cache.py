@@ -1,0 +1,112 @@
+"""Result cache (contract §Result cache): a greedy repeat is answered from Redis at once."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from typing import Any
+
+import httpx
+import openai
+import redis
+
+from shared import result_cache
+from shared.jobs import JobRecord
+from shared.schemas import UsageInfo
+from tests.gateway.workerside import decode_tasks
+from tests.support.jobs import image_bytes
+from tests.support.stack import ServiceStack
+
+JPEG = image_bytes("JPEG", (100, 80), seed=21)
+
+
+def seed_cache_from(r: redis.Redis, stack: ServiceStack, job_id: str, text: str) -> None:
+    """Write the cached result the way the inference worker does for this job's spec."""
+    spec = JobRecord.from_hash(r.hgetall(stack.keys.job(job_id))).spec
+    key = result_cache.cache_key(stack.keys, stack.settings.model_name, spec)
+    assert key is not None
+    cached = result_cache.CachedResult(
+        text=text, usage=UsageInfo(prompt_tokens=90, completion_tokens=3), finish_reason="stop"
+    )
+    r.set(key, result_cache.encode(cached), ex=600)
+
+
+async def post(
+    client: httpx.AsyncClient, headers: dict[str, str] | None = None, **fields: Any
+) -> httpx.Response:
+    body = {
+        "image": base64.b64encode(JPEG).decode(),
+        "prompt": "Which colour?",
+        "session_id": "rc-1",
+        **fields,
+    }
+    return await client.post("/v1/jobs", json=body, headers=headers or {})
+
+
+async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis) -> None:
+    first = await post(client)
+    assert first.status_code == 202 and first.json()["status"] == "queued"
+    assert first.headers["x-vlmq-result-cache"] == "miss" and first.headers["cache-control"] == "no-store"
+    seed_cache_from(r, gateway, first.json()["id"], "Green.")
+    r.delete(gateway.keys.session("rc-1"))  # same spec again: a fresh session about the same image
+
+    tasks_before = len(decode_tasks(r, gateway.key_prefix))
+    hit = await post(client)
+    body = hit.json()
+    assert hit.status_code == 202 and body["status"] == "done" and body["result_cached"] is True
+    assert body["text"] == "Green."
+    assert hit.headers["cache-control"] == f"public, max-age={gateway.settings.result_cache_ttl_s}"
+    assert len(decode_tasks(r, gateway.key_prefix)) == tasks_before  # nothing enqueued
+    view = (await client.get(f"/v1/jobs/{body['id']}")).json()
+    assert view["status"] == "done" and view["final_text"] == "Green." and view["result_cached"] is True
+    turns = (await client.get("/v1/sessions/rc-1")).json()["turns"]
+    assert [t["role"] for t in turns] == ["user", "assistant"] and turns[-1]["text"] == "Green."
+
+    r.delete(gateway.keys.session("rc-1"))
+    bypass = await post(client, headers={"Cache-Control": "no-cache"})
+    assert bypass.json()["status"] == "queued" and bypass.headers["x-vlmq-result-cache"] == "bypass"
+
+
+async def test_sampling_is_never_cached(
+    client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
+) -> None:
+    first = await post(client, session_id="rc-2", temperature=0.8)
+    spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(first.json()["id"]))).spec
+    assert result_cache.cache_key(gateway.keys, gateway.settings.model_name, spec) is None
+    assert (await post(client, session_id="rc-3", temperature=0.8)).json()["status"] == "queued"
+
+
+async def test_openai_hit(gateway: ServiceStack, r: redis.Redis) -> None:
+    data_url = "data:image/jpeg;base64," + base64.b64encode(JPEG).decode()
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_url}},
+                {"type": "text", "text": "Which colour?"},
+            ],
+        }
+    ]
+    # Seed the cache from the spec the gateway builds for this request (one real submission).
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=0.5) as client:
+        before = set(decode_tasks(r, gateway.key_prefix))
+        with contextlib.suppress(httpx.ReadTimeout):
+            await client.post(
+                "/v1/chat/completions",
+                json={"model": gateway.settings.model_name, "messages": messages, "max_tokens": 5},
+            )
+        (job_id,) = set(decode_tasks(r, gateway.key_prefix)) - before
+    seed_cache_from(r, gateway, job_id, "Green.")
+    async with openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="x", max_retries=0) as oai:
+        raw = await oai.chat.completions.with_raw_response.create(
+            model=gateway.settings.model_name, messages=messages, max_tokens=5
+        )  # type: ignore[arg-type]
+        assert raw.headers["cache-control"].startswith("public, max-age=")
+        assert raw.parse().choices[0].message.content == "Green."
+        stream = await oai.chat.completions.create(
+            model=gateway.settings.model_name,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=5,
+            stream=True,
+        )
+        assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "Green."

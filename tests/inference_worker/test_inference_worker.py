@@ -1,0 +1,181 @@
+"""The inference worker process against a real Redis: results, streams, cancel, deadlines, crashes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from services.engine import Engine
+from services.worker.requests import build_request
+from services.worker.store import JobStore
+from shared import result_cache
+from shared.jobs import new_job_hash
+from shared.keys import INFERENCE_GROUP
+from shared.schemas import JobEvent, JobSpec, JobStatus
+from shared.sessions import load_messages
+from tests.support import jobs as J
+from tests.support.stack import ServiceStack, wait_for
+from worker.imaging import ImageProcessorHandle
+
+pytestmark = pytest.mark.slow
+
+
+def submit(stack: ServiceStack, max_tokens: int = 8, seed: int = 0, **kwargs: object) -> JobSpec:
+    data = J.image_bytes("JPEG", (320, 240), seed=seed)
+    spec = J.make_spec(digest=J.store_image(stack.redis, stack.keys, data), max_tokens=max_tokens, **kwargs)  # type: ignore[arg-type]
+    J.create_job(stack.redis, stack.keys, spec)
+    stack.enqueue_decode(spec.job_id)
+    return spec
+
+
+def finished(stack: ServiceStack, job_id: str, timeout_s: float = 60) -> JobStatus:
+    def terminal() -> JobStatus | None:
+        status = J.job_status(stack.redis, stack.keys, job_id)
+        return status if status and status.terminal else None
+
+    return wait_for(terminal, timeout_s, what=f"job {job_id} terminal")
+
+
+def tokens(stack: ServiceStack, job_id: str) -> list[JobEvent]:
+    return [e for e in J.events(stack.redis, stack.keys, job_id) if e.type == "token"]
+
+
+def reference_text(stack: ServiceStack, engine: Engine, spec: JobSpec) -> tuple[str, list[int]]:
+    store = JobStore(stack.redis, stack.keys, 3600, 900)
+    processor_id = ImageProcessorHandle.load(stack.env["VLMQ_MODEL"]).processor_id
+    image = store.image(spec.image_digest, processor_id) if spec.image_digest else None
+    events = engine.generate_sync(
+        build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", image), timeout_s=60
+    )
+    return "".join(e.text for e in events), [t for e in events for t in e.token_ids]
+
+
+def assert_stream_is_whole(stack: ServiceStack, job_id: str) -> list[JobEvent]:
+    """Token events from the first entry: every index once, in order, text = the final text."""
+    toks = tokens(stack, job_id)
+    assert [e.index for e in toks] == list(range(len(toks)))
+    record = J.job(stack.redis, stack.keys, job_id)
+    assert "".join(e.text or "" for e in toks) == record.text
+    return toks
+
+
+def test_job_done_equals_engine_generate_sync(
+    inference_stack: ServiceStack, reference_engine: Engine
+) -> None:
+    spec = submit(inference_stack, max_tokens=16, session_id="s-" + J.uuid.uuid4().hex[:8])
+    assert finished(inference_stack, spec.job_id) is JobStatus.DONE
+    record = J.job(inference_stack.redis, inference_stack.keys, spec.job_id)
+    text, ids = reference_text(inference_stack, reference_engine, spec)
+    assert record.text == text and record.finish_reason == "length"
+    toks = assert_stream_is_whole(inference_stack, spec.job_id)
+    assert [t for e in toks for t in e.token_ids or []] == ids
+    assert record.usage and record.usage.completion_tokens == 16
+    assert record.timings and record.timings.total > 0 and record.timings.ttft > 0
+    events = J.events(inference_stack.redis, inference_stack.keys, spec.job_id)
+    assert [e.status for e in events if e.type == "status"][:4] == [
+        "queued",
+        "decoding",
+        "waiting",
+        "generating",
+    ]
+    assert events[-1].type == "done" and events[-1].final_text == text
+    # session turn and result cache written on done; stream entry acknowledged and removed
+    session = inference_stack.redis.hgetall(inference_stack.keys.session(spec.session_id))
+    turns = load_messages(session[b"messages"])
+    assert [t.role for t in turns] == ["user", "assistant"] and turns[-1].text == text
+    key = result_cache.cache_key(inference_stack.keys, inference_stack.settings.model_name, spec)
+    cached = result_cache.decode(inference_stack.redis.get(key))
+    assert cached and cached.text == text
+    assert (
+        inference_stack.redis.xpending(inference_stack.keys.inference_stream(), INFERENCE_GROUP)["pending"]
+        == 0
+    )
+
+
+def test_cancel_flag_stops_a_running_job(inference_stack: ServiceStack) -> None:
+    spec = submit(inference_stack, max_tokens=500, seed=3)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 3, 60, interval_s=0.01, what="tokens")
+    inference_stack.redis.set(inference_stack.keys.job_cancel(spec.job_id), 1)
+    started = time.monotonic()
+    assert finished(inference_stack, spec.job_id, 10) is JobStatus.CANCELLED
+    assert time.monotonic() - started < 2.0
+    record = J.job(inference_stack.redis, inference_stack.keys, spec.job_id)
+    assert record.usage is not None and record.usage.completion_tokens < 500
+    wait_for(lambda: _heartbeat(inference_stack)["inflight"] == 0, 5, what="slot freed")
+    follow_up = submit(inference_stack, max_tokens=4, seed=4)
+    assert finished(inference_stack, follow_up.job_id) is JobStatus.DONE
+
+
+def test_expired_job_is_never_run(inference_stack: ServiceStack) -> None:
+    """A job whose deadline passes while it waits in the inference stream."""
+    spec = J.make_spec(deadline=time.time() - 0.1, max_tokens=4)
+    fields = {**new_job_hash(spec), "status": "waiting"}
+    inference_stack.redis.hset(inference_stack.keys.job(spec.job_id), mapping=fields)
+    inference_stack.redis.xadd(inference_stack.keys.inference_stream(), {"job_id": spec.job_id})
+    assert finished(inference_stack, spec.job_id) is JobStatus.EXPIRED
+    assert tokens(inference_stack, spec.job_id) == []
+    assert "generating" not in [
+        e.status for e in J.events(inference_stack.redis, inference_stack.keys, spec.job_id)
+    ]
+
+
+def test_poison_job_is_dead_lettered(inference_stack: ServiceStack) -> None:
+    """An entry a dead consumer took, after max_deliveries attempts already died on it."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    spec = J.make_spec(max_tokens=4)
+    r.hset(
+        keys.job(spec.job_id),
+        mapping={
+            **new_job_hash(spec),
+            "status": "generating",
+            "attempt": inference_stack.env["VLMQ_MAX_DELIVERIES"],
+        },
+    )
+    pipe = r.pipeline(transaction=True)  # add + deliver to the ghost atomically: no live worker gets it first
+    pipe.xadd(keys.inference_stream(), {"job_id": spec.job_id})
+    pipe.xreadgroup(INFERENCE_GROUP, "ghost-worker", {keys.inference_stream(): ">"}, count=1000)
+    pipe.execute()
+    assert finished(inference_stack, spec.job_id, 30) is JobStatus.FAILED
+    record = J.job(r, keys, spec.job_id)
+    assert record.error and "dead letter" in record.error
+    dead = [f for _i, f in r.xrange(keys.dead_letters()) if f[b"job_id"].decode() == spec.job_id]
+    assert len(dead) == 1 and tokens(inference_stack, spec.job_id) == []
+    wait_for(lambda: r.xpending(keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0, 5, what="acked")
+
+
+def test_killed_worker_job_is_claimed_and_finished_once(
+    inference_stack: ServiceStack, reference_engine: Engine
+) -> None:
+    spec = submit(inference_stack, max_tokens=400, seed=5)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 5, 60, interval_s=0.005, what="tokens")
+    inference_stack.kill("inference", signal.SIGKILL)
+    published = len(tokens(inference_stack, spec.job_id))
+    assert J.job_status(inference_stack.redis, inference_stack.keys, spec.job_id) is JobStatus.GENERATING
+    inference_stack.restart("inference")
+    assert finished(inference_stack, spec.job_id, 90) is JobStatus.DONE
+    record = J.job(inference_stack.redis, inference_stack.keys, spec.job_id)
+    assert record.attempt == 2
+    toks = assert_stream_is_whole(inference_stack, spec.job_id)  # no gap, no duplicate across attempts
+    assert {e.attempt for e in toks[:published]} == {1} and {e.attempt for e in toks[published:]} <= {2}
+    assert len(toks) == 400 and record.text == reference_text(inference_stack, reference_engine, spec)[0]
+    events = J.events(inference_stack.redis, inference_stack.keys, spec.job_id)
+    assert sum(e.type == "done" for e in events) == 1
+
+
+def test_sigterm_finishes_in_flight_jobs_then_exits(inference_stack: ServiceStack) -> None:
+    spec = submit(inference_stack, max_tokens=300, seed=6)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 2, 60, interval_s=0.005, what="tokens")
+    proc = inference_stack.procs["inference"]
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert J.job_status(inference_stack.redis, inference_stack.keys, spec.job_id) is JobStatus.DONE
+    assert not inference_stack.worker_alive()  # heartbeat removed on exit
+    inference_stack.restart("inference")
+
+
+def _heartbeat(stack: ServiceStack) -> dict:
+    key = next(iter(stack.redis.scan_iter(match=stack.keys.worker_pattern())))
+    return json.loads(stack.redis.get(key))

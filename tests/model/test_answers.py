@@ -1,0 +1,59 @@
+"""The committed model answers fixed questions about the bundled example images exactly."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from tinyvlm.evalsets import Item
+from tinyvlm.evaluate import run_conversations
+from tinyvlm.examples import QUESTIONS
+from tinyvlm.questions import Turn
+
+from .conftest import EXAMPLES
+
+
+def ask(loaded: Callable[[str], tuple[Any, Any]], mode: str) -> list[list[str]]:
+    model, processor = loaded(mode)
+    items = [
+        Item(scene=None, turns=[Turn(q, a, "", i > 0, False) for i, (q, a) in enumerate(conv)])
+        for _, conv in QUESTIONS
+    ]  # type: ignore[arg-type]
+    images = [Image.open(EXAMPLES / name).convert("RGB") for name, _ in QUESTIONS]
+    return run_conversations(model, processor, items, images)
+
+
+def expected() -> list[list[str]]:
+    return [[a for _, a in conv] for _, conv in QUESTIONS]
+
+
+def test_readme_example_with_plain_generate(
+    model_dir: Path, loaded: Callable[[str], tuple[Any, Any]]
+) -> None:
+    model, processor = loaded("none")
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "What colour is the circle?"}],
+        }
+    ]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[Image.open(EXAMPLES / "shapes.png")], return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    answer = processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert answer.strip() == "red"
+
+
+def test_fixed_questions_fp32(loaded: Callable[[str], tuple[Any, Any]]) -> None:
+    assert ask(loaded, "none") == expected()
+
+
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
+def test_quantized_modes_load_and_answer(loaded: Callable[[str], tuple[Any, Any]], mode: str) -> None:
+    answers = ask(loaded, mode)
+    flat = [a for conv in answers for a in conv]
+    gold = [a for conv in expected() for a in conv]
+    hits = sum(a == g for a, g in zip(flat, gold, strict=True))
+    assert hits >= len(gold) - 1, (mode, answers)

@@ -1,0 +1,75 @@
+"""End-to-end through every real process (``service_stack``: decode worker, inference worker,
+gateway) plus, in this process, the reference: the same checkpoint run batch-of-one without
+caches (``Engine.generate_sync``) on the tensors the decode path makes from the same bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from services.engine import Engine, EngineConfig
+from services.worker.requests import build_request, image_input
+from shared.config import DecodeWorkerSettings
+from shared.schemas import JobSpec
+from shared.tensors import pack_tensors, unpack_tensors
+from tests.support.models import test_model_path
+from tests.support.stack import ServiceStack
+from worker.imaging import ImageProcessorHandle, decode_image
+
+TERMINAL = {"done", "failed", "cancelled", "expired"}
+
+
+class Reference:
+    """What the engine alone answers for a job spec and its image bytes."""
+
+    def __init__(self, model_path: str) -> None:
+        self.engine = Engine.from_pretrained(
+            EngineConfig(model_path=model_path, device="cpu", prefix_cache=False, session_cache=False,
+                         image_cache=False)
+        )
+        self.processor = ImageProcessorHandle.load(model_path)
+        self.settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
+        self.engine.start()
+
+    def tensors(self, data: bytes) -> dict[str, Any]:
+        img = decode_image(data, self.settings.max_image_pixels, self.processor.target_pixels,
+                           draft=self.settings.jpeg_draft)
+        return unpack_tensors(pack_tensors(self.processor(img)))  # the same float16 wire trip
+
+    def answer(self, spec: JobSpec, data: bytes | None) -> str:
+        image = image_input(self.tensors(data), spec.image_digest or "") if data is not None else None
+        request = build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", image)
+        request.deadline = None
+        return "".join(e.text for e in self.engine.generate_sync(request, timeout_s=60))
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+@pytest.fixture(scope="session")
+def reference() -> Iterator[Reference]:
+    ref = Reference(str(test_model_path()))
+    yield ref
+    ref.close()
+
+
+@pytest.fixture
+async def client(service_stack: ServiceStack) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=service_stack.base_url, timeout=60) as c:
+        yield c
+
+
+async def wait_done(client: httpx.AsyncClient, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    """Poll ``GET /v1/jobs/{id}`` until the job is terminal."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = (await client.get(f"/v1/jobs/{job_id}")).json()
+        if view["status"] in TERMINAL:
+            return view
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"job {job_id} not finished after {timeout_s}s: {view}")

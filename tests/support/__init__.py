@@ -1,0 +1,1 @@
+"""Process fixtures and helpers shared by service tests (real Redis, real worker processes)."""

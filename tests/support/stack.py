@@ -1,0 +1,208 @@
+"""The service stack for end-to-end tests: decode worker, inference worker, gateway.
+
+Real subprocesses against the test Redis, each in its own process group with a log file.
+``ServiceStack.kill(name, sig)`` and ``restart(name)`` drive fault tests; ``logs()`` is printed
+when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+import redis
+from celery import Celery
+
+from scripts.redis_launcher import free_port
+from shared.config import DecodeWorkerSettings, GatewaySettings
+from shared.keys import Keys
+from tests.support.models import test_model_path
+from tests.support.processes import ManagedProcess, log_contains
+from worker.celery_app import DECODE_QUEUE, DECODE_TASK, make_app
+
+PY = sys.executable
+ALL = ("decode", "inference", "gateway")
+
+# Short timings so fault tests run in seconds; any test may override through ``extra_env``.
+TEST_ENV = {
+    "VLMQ_HEARTBEAT_S": "0.5",
+    "VLMQ_CLAIM_IDLE_MS": "3000",
+    "VLMQ_MAX_DELIVERIES": "3",
+    "VLMQ_VISIBILITY_TIMEOUT_S": "10",
+    "VLMQ_WORKER_STALE_S": "3",
+    "VLMQ_DECODE_CONCURRENCY": "1",
+    "VLMQ_LOG_LEVEL": "INFO",
+}
+
+
+def base_env(redis_url: str, key_prefix: str, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of every stack process: the parent's, minus stray VLMQ_*, plus the test's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLMQ_")}
+    env.update(TEST_ENV)
+    env.update(
+        {
+            "VLMQ_REDIS_URL": redis_url,
+            "VLMQ_KEY_PREFIX": key_prefix,
+            "VLMQ_MODEL": str(test_model_path()),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        }
+    )
+    env.update(extra_env or {})
+    return env
+
+
+class ServiceStack:
+    """Handle on the running processes; attributes named in ``runs/READY-stack.txt``."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        log_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        components: Iterable[str] = ALL,
+        key_prefix: str | None = None,
+    ) -> None:
+        self.key_prefix = key_prefix or f"vlmqtest-{uuid.uuid4().hex[:8]}"
+        self.env = base_env(redis_url, self.key_prefix, extra_env)
+        self.settings = GatewaySettings(_env_file=None, **_settings_kwargs(self.env))  # type: ignore[call-arg]
+        self.keys: Keys = self.settings.keys
+        self.redis = redis.Redis.from_url(redis_url)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.components = tuple(components)
+        self.procs: dict[str, ManagedProcess] = {n: self._make(n) for n in self.components}
+        self._celery: Celery | None = None
+
+    # --- process definitions ---
+    def _make(self, name: str) -> ManagedProcess:
+        log = self.log_dir / f"{name}.log"
+        if name == "decode":
+            concurrency = self.env.get("VLMQ_DECODE_CONCURRENCY", "1")
+            cmd = [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "worker.celery_app",
+                "worker",
+                "-Q",
+                "decode",
+                "-c",
+                concurrency,
+                "-E",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"decode-{self.key_prefix}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ]
+            return ManagedProcess(name, cmd, self.env, log, ready=log_contains("decode process ready"))
+        if name == "inference":
+            cmd = [PY, "-m", "services.inference_worker"]
+            return ManagedProcess(name, cmd, self.env, log, ready=lambda _p: self.worker_alive())
+        if name == "gateway":
+            cmd = [
+                PY,
+                "-m",
+                "uvicorn",
+                "gateway.app:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "info",
+            ]
+            return ManagedProcess(name, cmd, self.env, log, ready=lambda _p: self._healthz())
+        raise ValueError(f"unknown component {name!r}")
+
+    # --- readiness ---
+    def _healthz(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def worker_alive(self) -> bool:
+        """An inference worker heartbeat exists in this stack's key space."""
+        return any(True for _ in self.redis.scan_iter(match=self.keys.worker_pattern(), count=100))
+
+    # --- talking to the decode workers like the gateway does ---
+    def celery_app(self) -> Celery:
+        """A Celery app with this stack's settings (broker, key prefix); made once."""
+        if self._celery is None:
+            settings = DecodeWorkerSettings(_env_file=None, **_settings_kwargs(self.env))  # type: ignore[call-arg]
+            self._celery = make_app(settings)
+        return self._celery
+
+    def enqueue_decode(self, job_id: str) -> str:
+        return str(self.celery_app().send_task(DECODE_TASK, args=[job_id], queue=DECODE_QUEUE).id)
+
+    # --- lifecycle ---
+    def start(self, timeout_s: float = 120.0) -> ServiceStack:
+        for proc in self.procs.values():
+            proc.start()
+        for proc in self.procs.values():
+            proc.wait_ready(timeout_s)
+        return self
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, group: bool = True) -> None:
+        """Signal a component (whole process group by default) and wait for the leader to exit."""
+        proc = self.procs[name]
+        proc.signal(sig, group=group)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            proc.wait(30.0)
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        proc = self.procs[name]
+        if proc.alive():
+            proc.stop()
+        if name == "inference":  # the dead worker's heartbeat must not count as readiness
+            for key in self.redis.scan_iter(match=self.keys.worker_pattern()):
+                self.redis.delete(key)
+        proc.start()
+        proc.wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+        if self._celery is not None:
+            self._celery.close()
+        self.redis.close()
+
+    def logs(self, tail: int = 6000) -> str:
+        return "\n".join(f"----- {n} ({p.log_path}) -----\n{p.log()[-tail:]}" for n, p in self.procs.items())
+
+    def __enter__(self) -> ServiceStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _settings_kwargs(env: dict[str, str]) -> dict[str, str]:
+    return {k.removeprefix("VLMQ_").lower(): v for k, v in env.items() if k.startswith("VLMQ_")}
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns a truthy value (returned) or raise TimeoutError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what} not reached within {timeout_s}s")

@@ -1,0 +1,78 @@
+"""Scenes, conversations and renderings: seeded, consistent with the picture, varied."""
+
+import random
+from collections import Counter
+
+from tinyvlm import render, templates, vocab
+from tinyvlm.evalsets import HELDOUT, WIDE, client_image, items
+from tinyvlm.questions import conversation
+from tinyvlm.scene import TRAIN_SPEC, WIDE_SPEC, sample_scene
+
+
+def test_same_seed_same_conversation() -> None:
+    a, b = random.Random(5), random.Random(5)
+    sa, sb = sample_scene(a), sample_scene(b)
+    assert sa == sb
+    assert conversation(sa, a) == conversation(sb, b)
+
+
+def test_scene_ranges() -> None:
+    rng = random.Random(0)
+    for spec in (TRAIN_SPEC, WIDE_SPEC):
+        for _ in range(200):
+            s = sample_scene(rng, spec)
+            assert 96 <= s.width <= 1024 and 96 <= s.height <= 1024
+            assert 1 <= len(s.objects) <= vocab.MAX_OBJECTS
+            cells = [o.cell for o in s.objects] + ([s.glyph.cell] if s.glyph else [])
+            assert len(set(cells)) == len(cells)  # one thing per grid cell
+
+
+def test_answers_match_scene() -> None:
+    rng = random.Random(1)
+    for _ in range(300):
+        scene = sample_scene(rng)
+        for turn in conversation(scene, rng):
+            if turn.question in ("How many shapes are there?", "Count the shapes."):
+                assert turn.answer == str(len(scene.objects))
+            if turn.qtype == "text":
+                assert scene.glyph is not None and turn.answer == scene.glyph.char
+            if turn.qtype == "colour":
+                assert turn.answer in vocab.COLOURS
+
+
+def test_training_never_sees_held_out_phrasings() -> None:
+    rng = random.Random(2)
+    held_out = {options[-1] for options in templates.PHRASINGS.values()}
+    held_out |= {options[-1] for options in templates.FOLLOW_UPS.values()}
+    for _ in range(300):
+        for turn in conversation(sample_scene(rng), rng, held_out=False):
+            assert not turn.held_out_phrasing
+            assert turn.question not in held_out
+
+
+def test_eval_sets_cover_types_turns_and_held_out_phrasings() -> None:
+    heldout = list(items(HELDOUT))
+    turns = [t for item in heldout for t in item.turns]
+    assert len(turns) >= 2000
+    assert set(Counter(t.qtype for t in turns)) == {
+        "shape",
+        "colour",
+        "size",
+        "position",
+        "count",
+        "relative",
+        "text",
+    }
+    assert any(t.held_out_phrasing for t in turns)
+    assert max(len(item.turns) for item in heldout) == 3
+    assert any("color" in t.question for t in turns) and any("colour" in t.question for t in turns)
+    wide = list(items(WIDE, 200))
+    assert sum(len(i.scene.objects) for i in wide) / len(wide) > 4.5
+
+
+def test_client_image_has_scene_size_and_format() -> None:
+    item = next(items(HELDOUT))
+    image = client_image(item)
+    assert image.size == (item.scene.width, item.scene.height)
+    small = render.render(item.scene, 0.25)
+    assert abs(small.width - item.scene.width * 0.25) <= 1

@@ -1,0 +1,40 @@
+"""Tokenizer reproducibility, label masking, and the training smoke run (`--smoke`)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tinyvlm import data
+from tinyvlm.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tokenizer_matches_committed_checkpoint() -> None:
+    committed = json.loads((ROOT / "models" / "vlmq-tiny" / "tokenizer.json").read_text())
+    rebuilt = json.loads(build_tokenizer().backend_tokenizer.to_str())
+    assert rebuilt["model"]["vocab"] == committed["model"]["vocab"]
+    assert rebuilt["model"]["merges"] == committed["model"]["merges"]
+
+
+def test_labels_cover_answers_and_eos_only() -> None:
+    tok = build_tokenizer()
+    assistant, eos = tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id
+    ids = torch.tensor(
+        tok("<|user|>Hi<|assistant|>red<|endoftext|><|user|>And?<|assistant|>big<|endoftext|>")["input_ids"]
+    )
+    labels = data.assistant_labels(ids, assistant, eos)
+    kept = ids[labels != data.IGNORE]
+    assert tok.decode(kept) == "red<|endoftext|>big<|endoftext|>"
+
+
+def test_train_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    cmd = [sys.executable, "-m", "tinyvlm.train", "--smoke", "--out", str(out), "--cache-dir", str(tmp_path)]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=60, capture_output=True)
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert rows and rows[-1]["loss"] < rows[0]["loss"]
+    assert (out / "model.safetensors").exists() and (out / "processor_config.json").exists()

@@ -1,0 +1,22 @@
+"""A real Celery decode worker (prefork, -c 1) shared by this module's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.stack import ServiceStack
+
+
+@pytest.fixture(scope="module")
+def decode_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    stack = ServiceStack(redis_url, tmp_path_factory.mktemp("decode-logs"), components=("decode",))
+    try:
+        stack.start()
+    except Exception:
+        print(stack.logs())
+        stack.stop()
+        raise
+    yield stack
+    stack.stop()

@@ -1,0 +1,196 @@
+"""The decode task through a real Celery worker process and a real Redis."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from shared.config import DecodeWorkerSettings
+from shared.schemas import JobStatus
+from shared.tensors import unpack_tensors
+from tests.support import jobs as J
+from tests.support.stack import ServiceStack, wait_for
+from tests.worker.images import bad_images, good_images
+from worker.celery_app import DECODE_TASK, decode_queue_key, make_app
+from worker.imaging import ImageProcessorHandle, configure_pillow, decode_image
+
+pytestmark = pytest.mark.slow
+
+
+def submit(stack: ServiceStack, data: bytes | None, **spec_kwargs: object) -> str:
+    digest = J.store_image(stack.redis, stack.keys, data) if data is not None else None
+    spec = J.make_spec(digest=digest, **spec_kwargs)  # type: ignore[arg-type]
+    J.create_job(stack.redis, stack.keys, spec)
+    stack.enqueue_decode(spec.job_id)
+    return spec.job_id
+
+
+def settled(stack: ServiceStack, job_id: str) -> JobStatus:
+    def done() -> JobStatus | None:
+        status = J.job_status(stack.redis, stack.keys, job_id)
+        return status if status and (status.terminal or status is JobStatus.WAITING) else None
+
+    return wait_for(done, 60, what=f"job {job_id} decoded")
+
+
+def test_images_become_the_processors_tensor(decode_stack: ServiceStack) -> None:
+    images = good_images()
+    ids = {name: submit(decode_stack, data) for name, data in images.items()}
+    handle = ImageProcessorHandle.load(decode_stack.env["VLMQ_MODEL"])
+    configure_pillow(decode_stack.settings.max_image_pixels)
+    queued = [
+        e[1][b"job_id"].decode() for e in decode_stack.redis.xrange(decode_stack.keys.inference_stream())
+    ]
+    for name, job_id in ids.items():
+        assert settled(decode_stack, job_id) is JobStatus.WAITING, name
+        digest = J.job(decode_stack.redis, decode_stack.keys, job_id).spec.image_digest
+        payload = decode_stack.redis.get(decode_stack.keys.tensor(digest, handle.processor_id))
+        assert payload is not None, f"{name}: no tensor under the processor's id"
+        got = unpack_tensors(payload)
+        img = decode_image(images[name], decode_stack.settings.max_image_pixels, handle.target_pixels)
+        want = handle(img)
+        assert got["pixel_values"].dtype == torch.float16  # float16 on the wire
+        assert torch.equal(got["pixel_values"], want["pixel_values"].half()), name
+        assert torch.equal(got["image_grid_thw"], want["image_grid_thw"]), name
+        assert job_id in queued or _in_stream(decode_stack, job_id), f"{name}: not handed to inference"
+        assert float(decode_stack.redis.hget(decode_stack.keys.job(job_id), "decode_s")) > 0
+
+
+def _in_stream(stack: ServiceStack, job_id: str) -> bool:
+    return any(f[b"job_id"].decode() == job_id for _i, f in stack.redis.xrange(stack.keys.inference_stream()))
+
+
+def test_bad_images_fail_the_job_and_the_worker_keeps_serving(decode_stack: ServiceStack) -> None:
+    pid = decode_stack.procs["decode"].pid
+    cases = bad_images()
+    ids = {name: submit(decode_stack, data) for name, (data, _reason) in cases.items()}
+    good = submit(decode_stack, J.image_bytes("PNG", (100, 100), seed=9))
+    for name, job_id in ids.items():
+        assert settled(decode_stack, job_id) is JobStatus.FAILED, name
+        record = J.job(decode_stack.redis, decode_stack.keys, job_id)
+        assert cases[name][1] in (record.error or ""), (name, record.error)
+        last = J.events(decode_stack.redis, decode_stack.keys, job_id)[-1]
+        assert last.type == "error" and last.error == record.error
+        assert not _in_stream(decode_stack, job_id)
+    assert settled(decode_stack, good) is JobStatus.WAITING
+    assert decode_stack.procs["decode"].alive() and decode_stack.procs["decode"].pid == pid
+    assert "WorkerLostError" not in decode_stack.procs["decode"].log()
+
+
+def test_expired_and_cancelled_jobs_are_never_decoded(decode_stack: ServiceStack) -> None:
+    data = J.image_bytes("JPEG", (200, 200), seed=11)
+    expired = submit(decode_stack, data, deadline=time.time() - 1)
+    spec = J.make_spec(digest=J.store_image(decode_stack.redis, decode_stack.keys, data))
+    J.create_job(decode_stack.redis, decode_stack.keys, spec)
+    decode_stack.redis.set(decode_stack.keys.job_cancel(spec.job_id), 1)
+    decode_stack.enqueue_decode(spec.job_id)
+    assert settled(decode_stack, expired) is JobStatus.EXPIRED
+    assert settled(decode_stack, spec.job_id) is JobStatus.CANCELLED
+    digest = spec.image_digest
+    assert not list(decode_stack.redis.scan_iter(match=decode_stack.keys.tensor(digest, "*")))
+    assert not _in_stream(decode_stack, expired) and not _in_stream(decode_stack, spec.job_id)
+
+
+def test_same_image_is_decoded_once(decode_stack: ServiceStack) -> None:
+    data = J.image_bytes("WEBP", (500, 300), seed=12)
+    first = submit(decode_stack, data)
+    assert settled(decode_stack, first) is JobStatus.WAITING
+    second = submit(decode_stack, data)
+    assert settled(decode_stack, second) is JobStatus.WAITING
+    cached = [decode_stack.redis.hget(decode_stack.keys.job(j), "tensor_cached") for j in (first, second)]
+    assert cached == [b"0", b"1"]
+
+
+def test_task_message_carries_the_job_id_only(decode_stack: ServiceStack) -> None:
+    """Publish to a key space no worker reads, then read the raw message from Redis."""
+    settings = DecodeWorkerSettings(
+        _env_file=None,
+        redis_url=decode_stack.settings.redis_url,  # type: ignore[call-arg]
+        key_prefix=f"idle-{uuid.uuid4().hex[:6]}",
+    )
+    app = make_app(settings)
+    try:
+        job_id = uuid.uuid4().hex
+        app.send_task(DECODE_TASK, args=[job_id])
+        raw = decode_stack.redis.lrange(decode_queue_key(settings), 0, -1)
+    finally:
+        app.close()
+    assert len(raw) == 1
+    message = json.loads(raw[0])
+    assert message["content-type"] == "application/json"
+    assert message["headers"]["task"] == DECODE_TASK
+    args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert args == [job_id] and kwargs == {}
+
+
+def test_task_events_are_published_for_flower(decode_stack: ServiceStack) -> None:
+    app = decode_stack.celery_app()
+    seen: list[dict] = []
+    ready = threading.Event()
+    receivers: list = []
+
+    def capture() -> None:
+        with app.connection_for_read() as conn:
+            receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+            receivers.append(receiver)
+            ready.set()
+            with contextlib.suppress(TimeoutError, OSError):
+                receiver.capture(limit=None, timeout=15, wakeup=False)
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+    ready.wait(5)
+    time.sleep(0.5)  # the receiver's subscription is in place
+    job_id = submit(decode_stack, J.image_bytes("JPEG", (120, 90), seed=13))
+    assert settled(decode_stack, job_id) is JobStatus.WAITING
+    wait_for(lambda: any(e.get("type") == "task-succeeded" for e in seen), 10, what="task-succeeded event")
+    receivers[0].should_stop = True
+    thread.join(5)
+    received = [e for e in seen if e.get("type") == "task-received"]
+    assert received and job_id in received[-1]["args"]
+
+
+def test_decode_child_killed_mid_task_is_redelivered(decode_stack: ServiceStack) -> None:
+    """Late ack + reject on worker lost: SIGKILL the pool child while it decodes; the job still gets there."""
+    img = Image.linear_gradient("L").resize((6000, 6000)).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=1)
+    job_id = submit(decode_stack, buf.getvalue())
+    wait_for(
+        lambda: J.job_status(decode_stack.redis, decode_stack.keys, job_id) is JobStatus.DECODING,
+        30,
+        interval_s=0.005,
+        what="decoding started",
+    )
+    child = _pool_child(decode_stack.procs["decode"].pid)
+    os.kill(child, signal.SIGKILL)
+    assert settled(decode_stack, job_id) is JobStatus.WAITING
+    assert int(decode_stack.redis.hget(decode_stack.keys.job(job_id), "decode_attempts")) == 2
+    assert (
+        sum(
+            1
+            for _i, f in decode_stack.redis.xrange(decode_stack.keys.inference_stream())
+            if f[b"job_id"].decode() == job_id
+        )
+        == 1
+    )  # handed over exactly once
+
+
+def _pool_child(pid: int) -> int:
+    children = [
+        int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()
+    ]
+    assert children, "celery main process has no pool child"
+    return children[0]

@@ -1,0 +1,83 @@
+"""Safe decoding in-process: allowlist, bombs, truncation, draft mode, EXIF, processor id."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from PIL import Image
+
+from tests.support.models import random_model_path
+from tests.worker.images import bad_images, good_images
+from worker.imaging import ImageProcessorHandle, ImageRejected, configure_pillow, decode_image, draft_size
+
+MAX_PIXELS = 40_000_000
+TARGET = 32768  # the bundled processor's max pixels
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pillow_limits() -> None:
+    configure_pillow(MAX_PIXELS)
+
+
+@pytest.mark.parametrize("name", sorted(good_images()))
+def test_good_images_decode_to_rgb(name: str) -> None:
+    img = decode_image(good_images()[name], MAX_PIXELS, TARGET)
+    assert img.mode == "RGB" and img.width > 0 and img.height > 0
+
+
+@pytest.mark.parametrize("name", sorted(bad_images()))
+def test_bad_images_are_rejected_with_a_reason(name: str) -> None:
+    data, reason = bad_images()[name]
+    with pytest.raises(ImageRejected, match=reason):
+        decode_image(data, MAX_PIXELS, TARGET)
+
+
+def test_exif_orientation_is_applied() -> None:
+    img = decode_image(good_images()["jpeg_exif_rotated"], MAX_PIXELS, TARGET)
+    assert img.size == (160, 320)  # orientation 6: rotated 90°
+
+
+def test_draft_mode_decodes_big_jpeg_at_reduced_scale() -> None:
+    data = good_images()["jpeg_4000x3000"]
+    full = decode_image(data, MAX_PIXELS, TARGET, draft=False)
+    small = decode_image(data, MAX_PIXELS, TARGET, draft=True)
+    assert full.size == (4000, 3000)
+    assert small.size == (500, 375)  # 1/8 scale, still >= 2x the processor's target per axis
+    want = draft_size((4000, 3000), TARGET)
+    assert small.width >= want[0] and small.height >= want[1]
+
+
+def test_draft_mode_is_faster_on_a_1080p_jpeg() -> None:
+    data = good_images()["jpeg_1080p"]
+    handle = ImageProcessorHandle.load(str(random_model_path()))
+
+    def best_ms(draft: bool) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            handle(decode_image(data, MAX_PIXELS, handle.target_pixels, draft=draft))
+            times.append((time.perf_counter() - start) * 1000)
+        return min(times)
+
+    with_draft, without = best_ms(True), best_ms(False)
+    print(f"1080p JPEG decode+process: {without:.1f} ms full, {with_draft:.1f} ms draft")
+    assert with_draft < without
+
+
+def test_pillow_itself_refuses_bombs_after_configure() -> None:
+    buf = io.BytesIO()
+    Image.new("L", (8000, 6000)).save(buf, format="PNG")  # 48 MP > 40 MP
+    with pytest.raises(ImageRejected, match="too large"):
+        decode_image(buf.getvalue(), MAX_PIXELS, TARGET)
+
+
+def test_processor_id_is_stable_and_config_sensitive() -> None:
+    a = ImageProcessorHandle.load(str(random_model_path()))
+    b = ImageProcessorHandle.load(str(random_model_path()))
+    assert a.processor_id == b.processor_id and len(a.processor_id) == 16
+    a.processor.patch_size = 16
+    from worker.imaging import processor_id
+
+    assert processor_id(a.processor) != b.processor_id

@@ -1,0 +1,125 @@
+"""Build vlmq-tiny's config, tokenizer and processor; ``--random`` saves an untrained checkpoint.
+
+python -m tinyvlm.build --random runs/vlmq-tiny-random
+"""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Glm4vConfig, Glm4vForConditionalGeneration, PreTrainedTokenizerFast
+from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+from services.model.registration import VlmqGlm4vProcessor
+from tinyvlm import tokenizer as tk
+
+PATCH = 8
+MERGE = 2
+# Glm4v's smart_resize counts 2 temporal frames; 2*128*128 pixels = 64 image tokens at most.
+MAX_PIXELS = 2 * 128 * 128
+# Small images are upscaled to >= 49 tokens so objects keep a similar size in patches.
+MIN_PIXELS = 2 * 112 * 112
+
+
+def build_image_processor() -> Glm4vImageProcessorPil:
+    # kwargs go through **kwargs in the stubs, hence the dict.
+    options: dict[str, Any] = dict(
+        patch_size=PATCH,
+        temporal_patch_size=2,
+        merge_size=MERGE,
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    )
+    return Glm4vImageProcessorPil(**options)
+
+
+def build_processor(tokenizer: PreTrainedTokenizerFast | None = None) -> VlmqGlm4vProcessor:
+    tok = tokenizer or tk.build_tokenizer()
+    return VlmqGlm4vProcessor(
+        image_processor=build_image_processor(), tokenizer=tok, chat_template=tk.CHAT_TEMPLATE
+    )
+
+
+def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
+    def ids(token: str) -> int:
+        value = tokenizer.convert_tokens_to_ids(token)
+        assert isinstance(value, int)
+        return value
+
+    hidden = 256
+    # A dict, not keywords: eos/pad ids are generic config kwargs the typed signature omits.
+    options: dict[str, Any] = dict(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            # head_dim 64, half of it rotary: the three M-RoPE sections sum to 16.
+            rope_parameters=dict(
+                rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[4, 6, 6]
+            ),
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=4,
+            hidden_size=128,
+            num_heads=4,
+            intermediate_size=384,
+            patch_size=PATCH,
+            out_hidden_size=hidden,
+            image_size=128,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+        ),
+        image_token_id=ids(tk.IMAGE),
+        video_token_id=ids("<|video|>"),
+        image_start_token_id=ids(tk.BEGIN_IMAGE),
+        image_end_token_id=ids(tk.END_IMAGE),
+        video_start_token_id=ids("<|begin_of_video|>"),
+        video_end_token_id=ids("<|end_of_video|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    return Glm4vConfig(**options)
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Glm4vForConditionalGeneration:
+    torch.manual_seed(seed)
+    model = Glm4vForConditionalGeneration(build_config(tokenizer))
+    gen = model.generation_config
+    gen.eos_token_id = tokenizer.eos_token_id
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.do_sample = False
+    gen.max_new_tokens = 8
+    return model
+
+
+def save_checkpoint(model: Glm4vForConditionalGeneration, processor: VlmqGlm4vProcessor, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--random", action="store_true", help="save untrained weights (required for now)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not args.random:
+        parser.error("only --random is supported; trained checkpoints come from `python -m tinyvlm.train`")
+    processor = build_processor()
+    model = build_model(processor.tokenizer, seed=args.seed)
+    save_checkpoint(model, processor, args.out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"saved random vlmq-tiny ({n / 1e6:.2f}M parameters) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Training examples: scene -> conversation -> chat template -> processor tensors, cached on disk.
+
+Images are rendered at about twice the model's resolution (not full size; see ``render``),
+encoded as the scene's PNG/JPEG and decoded, then go through the real processor. Pixel values
+are cached as the uint8 pixels the processor normalised (one temporal copy), 1/8 the size of
+the float patches, and expanded back exactly per batch.
+"""
+
+import random
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tinyvlm import build, questions, render
+from tinyvlm.questions import Turn
+from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
+
+# Render area for training images: 4x the processor's cap, i.e. 2x its linear resolution.
+RENDER_AREA = 2 * build.MAX_PIXELS
+IGNORE = -100
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # (L,) int64
+    labels: torch.Tensor  # (L,) int64, IGNORE outside assistant answers
+    mm_token_type_ids: torch.Tensor  # (L,) int64
+    pixels: torch.Tensor  # (patches, 3, P, P) uint8
+    grid_thw: torch.Tensor  # (3,) int64
+
+
+def messages(turns: list[Turn], with_answers: bool = True) -> list[dict[str, Any]]:
+    """Chat messages for a conversation; the image is attached to the first user turn."""
+    out: list[dict[str, Any]] = []
+    for i, turn in enumerate(turns):
+        if i == 0:
+            content: Any = [{"type": "image"}, {"type": "text", "text": turn.question}]
+        else:
+            content = turn.question
+        out.append({"role": "user", "content": content})
+        if with_answers:
+            out.append({"role": "assistant", "content": turn.answer})
+    return out
+
+
+def render_for_training(scene: Scene, seed: int) -> Any:
+    scale = min(1.0, (RENDER_AREA / (scene.width * scene.height)) ** 0.5)
+    return render.round_trip(render.render(scene, scale, seed=seed), scene)
+
+
+def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch.Tensor:
+    """Labels that keep only answer tokens and their EOS (what follows each assistant tag)."""
+    labels = torch.full_like(ids, IGNORE)
+    inside = False
+    for i, token in enumerate(ids.tolist()):
+        if inside:
+            labels[i] = token
+            inside = token != eos_id
+        elif token == assistant_id:
+            inside = True
+    return labels
+
+
+def _to_uint8_pixels(pixel_values: torch.Tensor, processor: Any) -> torch.Tensor:
+    ip = processor.image_processor
+    patch = ip.patch_size
+    x = pixel_values.reshape(-1, 3, ip.temporal_patch_size, patch, patch)[:, :, 0]
+    mean = torch.tensor(ip.image_mean).view(1, 3, 1, 1)
+    std = torch.tensor(ip.image_std).view(1, 3, 1, 1)
+    return torch.round((x * std + mean) * 255.0).clamp(0, 255).to(torch.uint8)
+
+
+def pixels_to_values(pixels: torch.Tensor, processor: Any) -> torch.Tensor:
+    """Inverse of the cache encoding: the float patches the processor would have produced."""
+    ip = processor.image_processor
+    mean = torch.tensor(ip.image_mean).view(1, 3, 1, 1)
+    std = torch.tensor(ip.image_std).view(1, 3, 1, 1)
+    x = (pixels.float() * ip.rescale_factor - mean) / std
+    x = x[:, :, None].expand(-1, -1, ip.temporal_patch_size, -1, -1)
+    return x.reshape(pixels.shape[0], -1)
+
+
+def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> Example:
+    text = processor.apply_chat_template(messages(turns), tokenize=False)
+    enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
+    ids = enc["input_ids"][0]
+    tok = processor.tokenizer
+    labels = assistant_labels(ids, tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id)
+    return Example(
+        ids,
+        labels,
+        enc["mm_token_type_ids"][0],
+        _to_uint8_pixels(enc["pixel_values"], processor),
+        enc["image_grid_thw"][0],
+    )
+
+
+_WORKER_PROCESSOR: Any = None
+
+
+def _init_worker() -> None:
+    global _WORKER_PROCESSOR
+    torch.set_num_threads(1)
+    _WORKER_PROCESSOR = build.build_processor()
+
+
+def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
+    seed, index, spec = args
+    rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
+    scene = sample_scene(rng, spec)
+    example = make_example(_WORKER_PROCESSOR, scene, questions.conversation(scene, rng), seed=index)
+    # numpy, not tensors, across processes: torch shares tensors by file descriptor and runs out.
+    return {k: v.numpy() for k, v in example.__dict__.items()}
+
+
+def generate(n: int, seed: int, spec: SceneSpec = TRAIN_SPEC, workers: int = 2) -> list[Example]:
+    jobs = [(seed, i, spec) for i in range(n)]
+    with Pool(workers, initializer=_init_worker) as pool:
+        arrays = pool.map(_example_for, jobs, chunksize=64)
+    return [Example(**{k: torch.from_numpy(v) for k, v in a.items()}) for a in arrays]
+
+
+def load_or_generate(n: int, seed: int, cache_dir: Path, workers: int = 2) -> list[Example]:
+    path = cache_dir / f"train-s{seed}-n{n}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    examples = generate(n, seed, workers=workers)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(examples, path)
+    return examples
+
+
+def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch in the model's input format (labels IGNORE on padding)."""
+    length = max(len(e.input_ids) for e in batch)
+
+    def pad(values: torch.Tensor, fill: int) -> torch.Tensor:
+        return torch.cat([values, values.new_full((length - len(values),), fill)])
+
+    return {
+        "input_ids": torch.stack([pad(e.input_ids, pad_id) for e in batch]),
+        "attention_mask": torch.stack([pad(torch.ones_like(e.input_ids), 0) for e in batch]),
+        "mm_token_type_ids": torch.stack([pad(e.mm_token_type_ids, 0) for e in batch]),
+        "labels": torch.stack([pad(e.labels, IGNORE) for e in batch]),
+        "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
+        "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
+    }
+
+
+def check_round_trip(processor: Any, seed: int = 0) -> float:
+    """Max abs difference between cached-and-expanded pixels and the processor's own output."""
+    rng = random.Random(seed)
+    scene = sample_scene(rng)
+    image = render_for_training(scene, seed)
+    values = processor.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+    restored = pixels_to_values(_to_uint8_pixels(values, processor), processor)
+    return float((restored - values).abs().max())
+
+
+def token_stats(examples: list[Example]) -> dict[str, float]:
+    lengths = np.array([len(e.input_ids) for e in examples])
+    return {"mean_len": float(lengths.mean()), "max_len": float(lengths.max())}

@@ -1,0 +1,139 @@
+"""Exact-match evaluation of vlmq-tiny per question type and per turn, for every quantization mode.
+
+    python -m tinyvlm.evaluate                               # models/vlmq-tiny, all modes
+    python -m tinyvlm.evaluate --model runs/vlmq-tiny --modes none int8 --json runs/eval.json
+
+Multi-turn conversations use the model's own earlier answers as history, like a real client.
+Every mode answers the same images; the modes are loaded with ``services.model.loading``
+(the engine's quantization module).
+"""
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import services  # noqa: F401  (registers the processor)
+from services.model.loading import load_model
+from services.model.quantization import model_size_bytes
+from tinyvlm import data, evalsets
+from tinyvlm.evalsets import EvalSet, Item
+
+MODES = ("none", "bf16", "int8", "int4")
+LABELS = {"none": "fp32", "bf16": "bf16", "int8": "int8", "int4": "int4"}
+
+
+@torch.inference_mode()
+def answer_batch(
+    model: Any, processor: Any, images: list[Any], histories: list[list[dict[str, Any]]]
+) -> list[str]:
+    """Greedy answers for a batch of conversations (left-padded)."""
+    texts = [processor.apply_chat_template(h, add_generation_prompt=True, tokenize=False) for h in histories]
+    inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
+    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+    out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    new = out[:, inputs["input_ids"].shape[1] :]
+    return [a.strip() for a in processor.batch_decode(new, skip_special_tokens=True)]
+
+
+def run_conversations(model: Any, processor: Any, batch: list[Item], images: list[Any]) -> list[list[str]]:
+    """Answers turn by turn; each turn's history holds the model's previous answers."""
+    answers: list[list[str]] = [[] for _ in batch]
+    for turn in range(max(len(item.turns) for item in batch)):
+        live = [i for i, item in enumerate(batch) if len(item.turns) > turn]
+        histories = []
+        for i in live:
+            history = data.messages(batch[i].turns[: turn + 1], with_answers=True)
+            for k, given in enumerate(answers[i]):
+                history[2 * k + 1]["content"] = given
+            histories.append(history[:-1])  # drop this turn's gold answer
+        for i, answer in zip(
+            live, answer_batch(model, processor, [images[i] for i in live], histories), strict=True
+        ):
+            answers[i].append(answer)
+    return answers
+
+
+class Tally:
+    """Exact-match counts by question type, turn and phrasing (seen in training or held out)."""
+
+    def __init__(self) -> None:
+        self.hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def add(self, item: Item, answers: list[str]) -> None:
+        for turn_index, (turn, given) in enumerate(zip(item.turns, answers, strict=True)):
+            ok = int(given == turn.answer)
+            phrasing = "phrasing_held_out" if turn.held_out_phrasing else "phrasing_seen"
+            for key in ("overall", f"type/{turn.qtype}", f"turn/{turn_index + 1}", phrasing):
+                self.hits[key][0] += ok
+                self.hits[key][1] += 1
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {k: {"acc": round(100 * h / n, 2), "n": n} for k, (h, n) in sorted(self.hits.items())}
+
+
+def evaluate_set(
+    models: dict[str, tuple[Any, Any]], eval_set: EvalSet, batch: int, limit: int | None
+) -> dict:
+    items = list(evalsets.items(eval_set, limit))
+    tallies = {mode: Tally() for mode in models}
+    seconds = dict.fromkeys(models, 0.0)
+    for start in tqdm(range(0, len(items), batch), desc=eval_set.name, unit="batch"):
+        chunk = items[start : start + batch]
+        images = [evalsets.client_image(item, seed=start + i) for i, item in enumerate(chunk)]
+        for mode, (model, processor) in models.items():
+            began = time.time()
+            answers = run_conversations(model, processor, chunk, images)
+            seconds[mode] += time.time() - began
+            for item, given in zip(chunk, answers, strict=True):
+                tallies[mode].add(item, given)
+    return {mode: {**tallies[mode].summary(), "seconds": round(seconds[mode], 1)} for mode in models}
+
+
+def table(results: dict[str, dict[str, dict]], modes: list[str]) -> str:
+    """Markdown table: one row per metric, one column per (set, mode)."""
+    cols = [(s, m) for s in results for m in modes]
+    keys = sorted({k for s in results for m in modes for k in results[s][m] if k != "seconds"})
+    keys.sort(key=lambda k: (k != "overall", k.split("/")[0], k))
+    head = "| metric | " + " | ".join(f"{s} {LABELS[m]}" for s, m in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    for key in keys:
+        cells = [f"{results[s][m][key]['acc']:.1f}" if key in results[s][m] else "-" for s, m in cols]
+        n = next(results[s][m][key]["n"] for s, m in cols if key in results[s][m])
+        lines.append(f"| {key} (n={n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=Path("models/vlmq-tiny"))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--json", type=Path, default=Path("runs/eval.json"))
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--limit", type=int, default=None, help="questions per set (default: 2000 / 1000)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    models = {mode: load_model(args.model, quantize=mode) for mode in args.modes}
+    results = {
+        s.name: evaluate_set(models, s, args.batch, args.limit) for s in (evalsets.HELDOUT, evalsets.WIDE)
+    }
+    report = {
+        "model": str(args.model),
+        "size_bytes": {LABELS[m]: model_size_bytes(models[m][0]) for m in args.modes},
+        "results": {s: {LABELS[m]: r[m] for m in args.modes} for s, r in results.items()},
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1))
+    print(table(results, args.modes))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Conversations about one scene: 1-3 turns, follow-ups about the same object ("And its colour?").
+
+Every question is answerable from the picture alone and has one short exact answer.
+"""
+
+import random
+from dataclasses import dataclass
+
+from tinyvlm import templates, vocab
+from tinyvlm.scene import Obj, Scene
+
+ATTRIBUTES = ("shape", "colour", "size", "position")
+# Reference kinds that would give away the answer to a question about that attribute.
+LEAKS = {
+    "shape": {"shape", "colour_shape"},
+    "colour": {"colour", "colour_shape"},
+    "size": set(),
+    "position": {"position", "relative"},
+}
+NEIGHBOURS = {"left of": (-1, 0), "right of": (1, 0), "above": (0, -1), "below": (0, 1)}
+
+
+@dataclass(frozen=True)
+class Turn:
+    question: str
+    answer: str
+    qtype: str  # shape, colour, size, position, count, relative, text
+    follow_up: bool
+    held_out_phrasing: bool
+
+
+def _attribute(obj: Obj, attr: str) -> str:
+    return vocab.CELL_NAMES[obj.cell] if attr == "position" else str(getattr(obj, attr))
+
+
+def _plain_refs(obj: Obj, scene: Scene) -> dict[str, str]:
+    """Referring expressions naming the object by its own unique colour and/or shape."""
+    others = [o for o in scene.objects if o is not obj]
+    refs = {}
+    if all(o.colour != obj.colour for o in others):
+        refs["colour"] = f"the {obj.colour} shape"
+    if all(o.shape != obj.shape for o in others):
+        refs["shape"] = f"the {obj.shape}"
+    if all((o.colour, o.shape) != (obj.colour, obj.shape) for o in others):
+        refs["colour_shape"] = f"the {obj.colour} {obj.shape}"
+    return refs
+
+
+def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> str | None:
+    """'the shape left of the red circle': the anchor sits in the adjacent cell."""
+    options = []
+    for word, (dc, dr) in NEIGHBOURS.items():
+        anchor_cell = (obj.cell[0] - dc, obj.cell[1] - dr)
+        for anchor in scene.objects:
+            plain = _plain_refs(anchor, scene)
+            if anchor.cell == anchor_cell and plain:
+                options.append(f"the shape {word} of {rng.choice(sorted(plain.values()))}")
+    return rng.choice(options) if options else None
+
+
+def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, str]:
+    refs = _plain_refs(obj, scene)
+    refs["position"] = f"the shape {templates.CELL_PHRASES[vocab.CELL_NAMES[obj.cell]]}"
+    relative = _relative_ref(obj, scene, rng)
+    if relative is not None:
+        refs["relative"] = relative
+    return refs
+
+
+def _pick(kind: str, rng: random.Random, held_out: bool, follow_up: bool = False) -> tuple[str, bool]:
+    options = templates.phrasings(kind, follow_up=follow_up, held_out=held_out)
+    index = rng.randrange(len(options))
+    return options[index], held_out and index == len(options) - 1
+
+
+def ask_attribute(obj: Obj, attr: str, scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
+    refs = {k: v for k, v in references(obj, scene, rng).items() if k not in LEAKS[attr]}
+    if not refs:
+        return None
+    ref = refs[rng.choice(sorted(refs))]
+    phrasing, unseen = _pick(attr, rng, held_out)
+    question = phrasing.format(ref=ref)
+    return Turn(question[0].upper() + question[1:], _attribute(obj, attr), attr, False, unseen)
+
+
+def ask_follow_up(obj: Obj, attr: str, rng: random.Random, held_out: bool) -> Turn:
+    phrasing, unseen = _pick(attr, rng, held_out, follow_up=True)
+    return Turn(phrasing, _attribute(obj, attr), attr, True, unseen)
+
+
+def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
+    objs = scene.objects
+    roll = rng.random()
+    if roll < 0.4:
+        what, answer = "shapes", len(objs)
+    elif roll < 0.7:
+        colour = rng.choice([o.colour for o in objs] + [rng.choice(list(vocab.COLOURS))])
+        what, answer = f"{colour} shapes", sum(o.colour == colour for o in objs)
+    else:
+        shape = rng.choice([o.shape for o in objs] + [rng.choice(vocab.SHAPES)])
+        what, answer = templates.plural(shape), sum(o.shape == shape for o in objs)
+    phrasing, unseen = _pick("count", rng, held_out)
+    return Turn(phrasing.format(what=what), str(answer), "count", False, unseen)
+
+
+def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
+    named = [(o, _plain_refs(o, scene)) for o in scene.objects]
+    named = [(o, refs) for o, refs in named if refs]
+    pairs = [(a, b) for a in named for b in named if a[0] is not b[0]]
+    axis = rng.choice((0, 1))
+    pairs = [(a, b) for a, b in pairs if a[0].cell[axis] != b[0].cell[axis]]
+    if not pairs:
+        return None
+    (a, a_refs), (b, b_refs) = rng.choice(pairs)
+    if axis == 0:
+        kind, answer = "relative_h", "left" if a.cell[0] < b.cell[0] else "right"
+    else:
+        kind, answer = "relative_v", "above" if a.cell[1] < b.cell[1] else "below"
+    phrasing, unseen = _pick(kind, rng, held_out)
+    ref, other = a_refs[rng.choice(sorted(a_refs))], b_refs[rng.choice(sorted(b_refs))]
+    question = phrasing.format(ref=ref, other=other)
+    return Turn(question[0].upper() + question[1:], answer, "relative", False, unseen)
+
+
+def ask_text(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
+    if scene.glyph is None:
+        return None
+    phrasing, unseen = _pick("text", rng, held_out)
+    return Turn(phrasing, scene.glyph.char, "text", False, unseen)
+
+
+def _fresh_question(
+    scene: Scene, rng: random.Random, held_out: bool, done: set[str]
+) -> tuple[Turn, Obj | None]:
+    """A new (not follow-up) question; returns the object it was about, if any."""
+    while True:
+        kind = rng.choices(("attribute", "count", "relative", "text"), weights=(5, 1.5, 1.5, 1.5))[0]
+        if kind == "text" and "text" in done:
+            continue  # one glyph: asking it twice teaches nothing
+        if kind == "attribute":
+            obj = rng.choice(scene.objects)
+            turn = ask_attribute(obj, rng.choice(ATTRIBUTES), scene, rng, held_out)
+            if turn is not None:
+                return turn, obj
+        elif kind == "count":
+            return ask_count(scene, rng, held_out), None
+        else:
+            other = (
+                ask_relative(scene, rng, held_out) if kind == "relative" else ask_text(scene, rng, held_out)
+            )
+            if other is not None:
+                return other, None
+
+
+def conversation(scene: Scene, rng: random.Random, held_out: bool = False) -> list[Turn]:
+    """1-3 turns; a follow-up asks another attribute of the previous turn's object."""
+    n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
+    turns: list[Turn] = []
+    obj: Obj | None = None
+    asked: set[str] = set()
+    done: set[str] = set()
+    while len(turns) < n_turns:
+        remaining = [a for a in ATTRIBUTES if a not in asked]
+        if obj is not None and remaining and rng.random() < 0.7:
+            attr = rng.choice(remaining)
+            turns.append(ask_follow_up(obj, attr, rng, held_out))
+            asked.add(attr)
+            continue
+        turn, obj = _fresh_question(scene, rng, held_out, done)
+        asked = {turn.qtype}
+        done.add(turn.qtype)
+        turns.append(turn)
+    return turns

@@ -1,0 +1,135 @@
+"""Draw a ``Scene`` at any pixel size, and encode it as the PNG/JPEG file a client would send."""
+
+import io
+import math
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from tinyvlm.scene import Glyph, Obj, Scene
+
+Point = tuple[float, float]
+
+
+def _regular(cx: float, cy: float, r: float, n: int, phase: float) -> list[Point]:
+    return [
+        (cx + r * math.cos(phase + 2 * math.pi * k / n), cy + r * math.sin(phase + 2 * math.pi * k / n))
+        for k in range(n)
+    ]
+
+
+def _star(cx: float, cy: float, r: float) -> list[Point]:
+    points = []
+    for k in range(10):
+        radius = r if k % 2 == 0 else r * 0.45
+        angle = -math.pi / 2 + math.pi * k / 5
+        points.append((cx + radius * math.cos(angle), cy + radius * math.sin(angle)))
+    return points
+
+
+def _cross(cx: float, cy: float, r: float) -> list[Point]:
+    a, b = r, r * 0.35
+    outline = [
+        (-b, -a),
+        (b, -a),
+        (b, -b),
+        (a, -b),
+        (a, b),
+        (b, b),
+        (b, a),
+        (-b, a),
+        (-b, b),
+        (-a, b),
+        (-a, -b),
+        (-b, -b),
+    ]
+    return [(cx + x, cy + y) for x, y in outline]
+
+
+def _polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
+    if shape == "square":
+        s = r * 0.85
+        return [(cx - s, cy - s), (cx + s, cy - s), (cx + s, cy + s), (cx - s, cy + s)]
+    if shape == "triangle":
+        return _regular(cx, cy + r * 0.15, r * 1.1, 3, -math.pi / 2)
+    if shape == "diamond":
+        return _regular(cx, cy, r, 4, -math.pi / 2)
+    if shape == "hexagon":
+        return _regular(cx, cy, r, 6, 0.0)
+    if shape == "star":
+        return _star(cx, cy, r * 1.1)
+    if shape == "cross":
+        return _cross(cx, cy, r)
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def _cell_box(cell: tuple[int, int], width: int, height: int) -> tuple[float, float, float]:
+    """Cell centre (x, y) and the smaller cell side, in pixels."""
+    cw, ch = width / 3, height / 3
+    return (cell[0] + 0.5) * cw, (cell[1] + 0.5) * ch, min(cw, ch)
+
+
+def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, width: int, height: int) -> None:
+    x, y, side = _cell_box(obj.cell, width, height)
+    cx, cy, r = x + obj.dx * side, y + obj.dy * side, obj.radius * side
+    if obj.shape == "circle":
+        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb)
+    else:
+        draw.polygon(_polygon(obj.shape, cx, cy, r), fill=obj.rgb)
+
+
+@lru_cache(maxsize=64)
+def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    return ImageFont.load_default(size=size)
+
+
+def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int) -> None:
+    x, y, side = _cell_box(glyph.cell, width, height)
+    draw.text((x, y), glyph.char, fill=glyph.rgb, font=_font(max(8, round(side * 0.8))), anchor="mm")
+
+
+def _background(scene: Scene, width: int, height: int) -> np.ndarray:
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    ramp = scene.gradient[0] * (xs / max(1, width - 1) - 0.5) + scene.gradient[1] * (
+        ys / max(1, height - 1) - 0.5
+    )
+    base = np.asarray(scene.background, dtype=np.float32)[None, None, :] + ramp[..., None]
+    return np.clip(base, 0, 255)
+
+
+def _add_noise(pixels: np.ndarray, sigma: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    noisy = pixels.astype(np.float32) + rng.normal(0.0, sigma, size=pixels.shape).astype(np.float32)
+    return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def render(scene: Scene, scale: float = 1.0, seed: int = 0) -> Image.Image:
+    """The scene as an RGB image of ``scale`` times its size.
+
+    Noise sigma scales with ``scale``: resizing to the model's resolution averages noise down by
+    the linear factor, so a rendering at half size with half the sigma looks the same after it.
+    """
+    width, height = max(1, round(scene.width * scale)), max(1, round(scene.height * scale))
+    image = Image.fromarray(_background(scene, width, height).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for obj in scene.objects:
+        _draw_object(draw, obj, width, height)
+    if scene.glyph is not None:
+        _draw_glyph(draw, scene.glyph, width, height)
+    return Image.fromarray(_add_noise(np.asarray(image), scene.noise * scale, seed))
+
+
+def encode(image: Image.Image, scene: Scene) -> bytes:
+    """The file bytes (PNG or JPEG, as the scene says)."""
+    buffer = io.BytesIO()
+    if scene.fmt == "jpeg":
+        image.save(buffer, format="JPEG", quality=scene.quality)
+    else:
+        image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def round_trip(image: Image.Image, scene: Scene) -> Image.Image:
+    """Encode and decode again, so training sees the same compression artefacts as clients send."""
+    return Image.open(io.BytesIO(encode(image, scene))).convert("RGB")

@@ -1,0 +1,124 @@
+"""Seeded scene sampling: image size, background, objects on a 3x3 grid, an optional glyph.
+
+A scene is pure data (normalised geometry); ``tinyvlm.render`` draws it at any pixel size, so
+the same scene can be drawn full size for the eval and smaller for training.
+"""
+
+import math
+import random
+from dataclasses import dataclass
+
+from tinyvlm import vocab
+
+Cell = tuple[int, int]
+
+LIGHT_BACKGROUNDS = ((245, 245, 240), (225, 225, 225), (235, 228, 205), (210, 220, 230), (200, 200, 190))
+DARK_BACKGROUNDS = ((40, 40, 45), (25, 28, 32), (70, 70, 70), (55, 45, 40))
+
+
+@dataclass(frozen=True)
+class Obj:
+    shape: str
+    colour: str
+    size: str
+    cell: Cell
+    # Centre offset inside the cell and radius, as fractions of the smaller cell side.
+    dx: float
+    dy: float
+    radius: float
+    rgb: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Glyph:
+    char: str
+    cell: Cell
+    rgb: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Scene:
+    width: int
+    height: int
+    background: tuple[int, int, int]
+    gradient: tuple[float, float]  # brightness ramp along x and y, in grey levels
+    noise: float  # gaussian noise sigma at full size, in grey levels
+    objects: tuple[Obj, ...]
+    glyph: Glyph | None
+    fmt: str  # "png" or "jpeg"
+    quality: int  # JPEG quality
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """A distribution of scenes; the eval's wide set uses a different one within trained ranges."""
+
+    object_weights: tuple[float, ...] = (3, 3, 3, 2.5, 2, 1.5)  # for 1..6 objects
+    glyph_prob: float = 0.35
+    max_aspect: float = 2.0
+    extreme_sizes: bool = False  # sides drawn near 96 or near 1024
+
+
+TRAIN_SPEC = SceneSpec()
+WIDE_SPEC = SceneSpec(object_weights=(0, 0, 0, 1, 2, 3), glyph_prob=0.6, extreme_sizes=True)
+
+
+def _side(rng: random.Random, spec: SceneSpec) -> int:
+    if spec.extreme_sizes:
+        return rng.randint(96, 140) if rng.random() < 0.5 else rng.randint(850, 1024)
+    return round(math.exp(rng.uniform(math.log(96), math.log(1024))))
+
+
+def sample_size(rng: random.Random, spec: SceneSpec) -> tuple[int, int]:
+    """Width and height in [96, 1024] with aspect ratio at most ``spec.max_aspect``."""
+    while True:
+        width, height = _side(rng, spec), _side(rng, spec)
+        if max(width, height) / min(width, height) <= spec.max_aspect:
+            return width, height
+
+
+def _jitter(rgb: tuple[int, int, int], rng: random.Random, amount: int) -> tuple[int, int, int]:
+    r, g, b = (min(255, max(0, c + rng.randint(-amount, amount))) for c in rgb)
+    return r, g, b
+
+
+def _object(rng: random.Random, cell: Cell) -> Obj:
+    size = rng.choice(vocab.SIZES)
+    radius = rng.uniform(0.36, 0.44) if size == "big" else rng.uniform(0.18, 0.24)
+    slack = max(0.0, 0.5 - radius) * 0.7
+    colour = rng.choice(list(vocab.COLOURS))
+    return Obj(
+        shape=rng.choice(vocab.SHAPES),
+        colour=colour,
+        size=size,
+        cell=cell,
+        dx=rng.uniform(-slack, slack),
+        dy=rng.uniform(-slack, slack),
+        radius=radius,
+        rgb=_jitter(vocab.COLOURS[colour], rng, 12),
+    )
+
+
+def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
+    width, height = sample_size(rng, spec)
+    n = rng.choices(range(1, vocab.MAX_OBJECTS + 1), weights=spec.object_weights)[0]
+    has_glyph = rng.random() < spec.glyph_prob
+    cells = rng.sample(sorted(vocab.CELL_NAMES), n + int(has_glyph))
+    dark = rng.random() < 0.35
+    background = _jitter(rng.choice(DARK_BACKGROUNDS if dark else LIGHT_BACKGROUNDS), rng, 10)
+    glyph = None
+    if has_glyph:
+        ink = (245, 245, 245) if dark else (15, 15, 15)
+        glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink)
+    fmt = rng.choice(("png", "jpeg"))
+    return Scene(
+        width=width,
+        height=height,
+        background=background,
+        gradient=(rng.uniform(-25, 25), rng.uniform(-25, 25)),
+        noise=rng.uniform(2.0, 10.0),
+        objects=tuple(_object(rng, cell) for cell in cells[:n]),
+        glyph=glyph,
+        fmt=fmt,
+        quality=rng.randint(70, 95),
+    )

@@ -1,0 +1,125 @@
+"""Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
+
+    python -m tinyvlm.train                      # full run into runs/vlmq-tiny (~25 min on 2 cores)
+    python -m tinyvlm.train --smoke              # CI check, < 60 s
+    python -m tinyvlm.train --out models/vlmq-tiny
+
+Writes the checkpoint (model + processor) and ``train_log.jsonl`` (loss and answer-token
+accuracy every ``--log-every`` steps) into ``--out``.
+"""
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tinyvlm import build, data
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    examples: int = 30000
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 6e-4
+    warmup: int = 60
+    weight_decay: float = 0.01
+    seed: int = 1234
+    log_every: int = 25
+    workers: int = 2
+
+
+SMOKE = TrainConfig(examples=48, steps=6, batch=8, warmup=2, log_every=2)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine down to 10 % of the peak."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batches(n: int, cfg: TrainConfig) -> list[list[int]]:
+    """Index batches for every step: reshuffled each epoch from the seed, so runs repeat exactly."""
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    while len(order) < cfg.steps * cfg.batch:
+        epoch = list(range(n))
+        rng.shuffle(epoch)
+        order.extend(epoch)
+    return [order[i * cfg.batch : (i + 1) * cfg.batch] for i in range(cfg.steps)]
+
+
+def answer_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Share of answer tokens predicted right (next-token, teacher-forced)."""
+    pred, gold = logits[:, :-1].argmax(-1), labels[:, 1:]
+    mask = gold != data.IGNORE
+    return float((pred[mask] == gold[mask]).float().mean()) if mask.any() else 0.0
+
+
+def train(cfg: TrainConfig, out: Path, cache_dir: Path) -> Path:
+    torch.manual_seed(cfg.seed)
+    processor = build.build_processor()
+    model = build.build_model(processor.tokenizer, seed=cfg.seed)
+    started = time.time()
+    examples = data.load_or_generate(cfg.examples, cfg.seed, cache_dir, workers=cfg.workers)
+    print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    pad_id = processor.tokenizer.pad_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.train()
+    with (out / "train_log.jsonl").open("w") as log:
+        bar = tqdm(batches(len(examples), cfg), desc="train", unit="step")
+        for step, idx in enumerate(bar):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            batch = data.collate([examples[i] for i in idx], processor, pad_id)
+            output = model(**batch)
+            output.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                acc = answer_accuracy(output.logits.detach(), batch["labels"])
+                row = {"step": step, "loss": round(output.loss.item(), 4), "answer_token_acc": round(acc, 4)}
+                row |= {"lr": lr_at(step, cfg), "elapsed_s": round(time.time() - started, 1)}
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                bar.set_postfix(loss=row["loss"], acc=row["answer_token_acc"])
+    model.eval()
+    build.save_checkpoint(model, processor, out)
+    print(f"saved {out} after {time.time() - started:.0f}s")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny run for CI (< 60 s)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--examples", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    cfg = SMOKE if args.smoke else TrainConfig()
+    overrides = {
+        k: getattr(args, k) for k in ("steps", "examples", "lr", "seed") if getattr(args, k) is not None
+    }
+    cfg = TrainConfig(**{**cfg.__dict__, **overrides})
+    torch.set_num_threads(2)
+    out = args.out or Path("runs/vlmq-tiny-smoke" if args.smoke else "runs/vlmq-tiny")
+    train(cfg, out, args.cache_dir)
+
+
+if __name__ == "__main__":
+    main()

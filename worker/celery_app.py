@@ -1,0 +1,71 @@
+"""The Celery app of the decode workers (and of whoever enqueues decode tasks).
+
+Importing this module is cheap (celery + settings only): the gateway imports it to send
+``vlmq.decode``; the task module (``worker.tasks``, Pillow + image processor) is imported
+only by worker processes through ``include``.
+
+Reliability settings, why each:
+- JSON only, never pickle: a message can't execute code in a worker.
+- ``task_acks_late`` + ``task_reject_on_worker_lost``: a task whose process dies (SIGKILL,
+  OOM on a bomb) goes back to the queue instead of vanishing.
+- ``worker_prefetch_multiplier=1``: a busy child doesn't sit on tasks others could run.
+- ``visibility_timeout``: an unacked task (its worker gone) is redelivered after that long.
+- task events on, so Flower shows every task.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from shared.config import DecodeWorkerSettings, get_decode_worker_settings
+
+DECODE_TASK = "vlmq.decode"
+DECODE_QUEUE = "decode"
+
+
+def celery_prefix(settings: DecodeWorkerSettings) -> str:
+    """Prefix of Celery's own Redis keys: deployments (and test runs) sharing a Redis stay apart."""
+    return f"{settings.key_prefix}:celery:"
+
+
+def decode_queue_key(settings: DecodeWorkerSettings) -> str:
+    """Redis list holding waiting decode tasks (LLEN = decode queue depth, for admission)."""
+    return f"{celery_prefix(settings)}{DECODE_QUEUE}"
+
+
+def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
+    settings = settings or get_decode_worker_settings()
+    app = Celery("vlmq", broker=settings.redis_url, include=["worker.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        event_serializer="json",
+        task_ignore_result=True,  # results live in the job hash, not in a Celery backend
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        worker_max_tasks_per_child=1000,  # bounds any slow leak in image libraries
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_default_queue=DECODE_QUEUE,
+        task_routes={DECODE_TASK: {"queue": DECODE_QUEUE}},
+        task_time_limit=120,
+        task_soft_time_limit=90,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": celery_prefix(settings),
+        },
+    )
+    return app
+
+
+app = make_app()
+
+
+def enqueue_decode(job_id: str) -> str:
+    """Send ``vlmq.decode(job_id)`` to the ``decode`` queue; the args carry the id only."""
+    return str(app.send_task(DECODE_TASK, args=[job_id], queue=DECODE_QUEUE).id)

@@ -1,0 +1,110 @@
+"""Safe image decoding and the model's image processor.
+
+``decode_image`` refuses anything outside the allowlist, refuses decompression bombs from the
+header (before pixels are allocated), decodes big JPEGs at reduced scale (draft mode: the DCT
+skips the detail the processor would throw away anyway), applies the EXIF orientation and
+returns RGB. ``ImageProcessorHandle`` loads the checkpoint's image processor once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
+DRAFT_OVERSAMPLE = 2.0  # keep twice the processor's target resolution per axis before its resize
+
+
+class ImageRejected(ValueError):
+    """An image the service refuses; the message is shown to the client as the job's error."""
+
+
+def configure_pillow(max_pixels: int) -> None:
+    """Make Pillow raise (not warn) on bombs: anything over ``max_pixels`` fails at open time."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    warnings.simplefilter("error", Image.DecompressionBombWarning)
+
+
+def decode_image(
+    data: bytes, max_pixels: int, target_pixels: int | None = None, draft: bool = True
+) -> Image.Image:
+    """RGB image from ``data``; raises ImageRejected with a client-facing reason."""
+    try:
+        img = _open(data, max_pixels)
+        if draft and target_pixels and img.format == "JPEG":
+            img.draft("RGB", draft_size(img.size, target_pixels))
+        img.load()
+        img = ImageOps.exif_transpose(img) or img
+        return img if img.mode == "RGB" else img.convert("RGB")
+    except ImageRejected:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageRejected(f"image too large: {exc}") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageRejected(f"corrupt or truncated image: {exc}") from exc
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    try:
+        img = Image.open(io.BytesIO(data), formats=None)
+    except UnidentifiedImageError as exc:
+        raise ImageRejected("not an image (format not recognised)") from exc
+    if img.format not in ALLOWED_FORMATS:
+        raise ImageRejected(f"unsupported image format {img.format}; allowed: JPEG, PNG, WebP")
+    width, height = img.size
+    if width <= 0 or height <= 0:
+        raise ImageRejected("image has no pixels")
+    if width * height > max_pixels:
+        raise ImageRejected(f"image too large: {width}x{height} pixels exceeds the limit of {max_pixels}")
+    if getattr(img, "n_frames", 1) > 1:
+        raise ImageRejected("animated images are not supported")
+    return img
+
+
+def draft_size(size: tuple[int, int], target_pixels: int) -> tuple[int, int]:
+    """Smallest size draft mode may reduce to: ``DRAFT_OVERSAMPLE`` x the processor's target per axis."""
+    width, height = size
+    scale = min(1.0, DRAFT_OVERSAMPLE * math.sqrt(target_pixels / (width * height)))
+    return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+
+
+@dataclass
+class ImageProcessorHandle:
+    """The checkpoint's image processor, its id (hash of its config) and its pixel budget."""
+
+    processor: Any
+    processor_id: str
+    target_pixels: int | None
+
+    @classmethod
+    def load(cls, model_path: str) -> ImageProcessorHandle:
+        from services.model.loading import load_image_processor  # transformers: worker processes only
+
+        processor = load_image_processor(model_path)
+        return cls(processor, processor_id(processor), target_pixels(processor))
+
+    def __call__(self, img: Image.Image) -> dict[str, Any]:
+        out = self.processor(images=[img], return_tensors="pt")
+        return {k: v for k, v in out.items() if hasattr(v, "dtype")}
+
+
+def processor_id(processor: Any) -> str:
+    """Short hash of the processor config: tensors made by another config never get reused."""
+    config = json.loads(processor.to_json_string())
+    config.pop("processor_class", None)
+    blob = json.dumps(config, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def target_pixels(processor: Any) -> int | None:
+    """Largest image the processor keeps (Qwen2-VL/GLM-4V: ``size.longest_edge`` is max pixels)."""
+    size = getattr(processor, "size", None) or {}
+    value = size.get("longest_edge") or size.get("max_pixels") or getattr(processor, "max_pixels", None)
+    return int(value) if value else None

@@ -1,0 +1,149 @@
+"""One decode job against Redis: the steps of docs/service-contract.md §2, no Celery in here.
+
+``DecodePipeline.run(job_id)`` returns what happened ("waiting", "failed", ...); it writes the
+job's state only through shared/jobs.py's Lua scripts, plus ``HANDOFF_LUA`` below, which moves
+the job to ``waiting`` and enqueues it for inference atomically (a worker killed between the
+two steps must not leave a job waiting with no stream entry, nor enqueue it twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared.config import DecodeWorkerSettings
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
+from shared.keys import Keys
+from shared.schemas import JobEvent, JobStatus
+from shared.tensors import pack_tensors
+from worker.imaging import ImageProcessorHandle, ImageRejected, decode_image
+
+log = logging.getLogger(__name__)
+
+# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA, then job_id.
+# Only from queued/decoding: a redelivered task whose job is already handed over does nothing.
+HANDOFF_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'decoding' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', KEYS[3], id)
+redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[6])
+return 1
+"""
+
+HANDED_OVER = frozenset({JobStatus.WAITING, JobStatus.GENERATING})
+
+
+@dataclass
+class DecodeOutcome:
+    status: str  # waiting | failed | cancelled | expired | skipped | missing
+    detail: str = ""
+    decode_s: float = 0.0
+    cache_hit: bool = False
+
+
+class DecodePipeline:
+    def __init__(self, client: redis.Redis, settings: DecodeWorkerSettings, processor: ImageProcessorHandle):
+        self.r = client
+        self.settings = settings
+        self.keys: Keys = settings.keys
+        self.processor = processor
+        self._set_status = client.register_script(SET_STATUS_LUA)
+        self._finish = client.register_script(FINISH_LUA)
+        self._handoff = client.register_script(HANDOFF_LUA)
+
+    def run(self, job_id: str) -> DecodeOutcome:
+        raw = self.r.hgetall(self.keys.job(job_id))
+        if not raw:
+            return DecodeOutcome("missing", "job record not found (expired?)")
+        job = JobRecord.from_hash(raw)
+        if job.status.terminal or job.status in HANDED_OVER:
+            return DecodeOutcome("skipped", f"job already {job.status.value}")
+        if stop := self._stop_reason(job):
+            return stop
+        attempts = int(self.r.hincrby(self.keys.job(job_id), "decode_attempts", 1))
+        if attempts > self.settings.max_decode_attempts:
+            return self._fail(job_id, f"dead letter: decoding was interrupted {attempts - 1} times")
+        started = time.time()
+        self.r.hset(self.keys.job(job_id), "decode_started_at", str(started))
+        self._set_status(
+            keys=self._job_keys(job_id), args=status_args(JobStatus.DECODING, started, self._ttl)
+        )
+        try:
+            cache_hit = self._ensure_tensor(job)
+        except ImageRejected as exc:
+            return self._fail(job_id, str(exc))
+        decode_s = time.time() - started
+        self.r.hset(self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)})
+        return self._hand_over(job_id, decode_s, cache_hit)
+
+    # --- steps ---
+    def _stop_reason(self, job: JobRecord) -> DecodeOutcome | None:
+        """Cancelled by the client or past its deadline: finish now, never decode."""
+        job_id = job.spec.job_id
+        if self.r.exists(self.keys.job_cancel(job_id)):
+            self._finish_status(job_id, JobStatus.CANCELLED, "cancelled", None)
+            return DecodeOutcome("cancelled")
+        if job.spec.deadline is not None and time.time() > job.spec.deadline:
+            self._finish_status(job_id, JobStatus.EXPIRED, "expired", "deadline passed before decoding")
+            return DecodeOutcome("expired")
+        return None
+
+    def _ensure_tensor(self, job: JobRecord) -> bool:
+        """Tensor for the job's image in Redis; True when it was already there (cache hit)."""
+        digest = job.spec.image_digest
+        if digest is None:
+            return True  # text-only job: nothing to decode
+        tensor_key = self.keys.tensor(digest, self.processor.processor_id)
+        if self.r.expire(tensor_key, self.settings.image_ttl_s):
+            return True
+        data = self.r.get(self.keys.image(digest))
+        if data is None:
+            raise ImageRejected("image bytes expired before decoding; submit the image again")
+        tensors = self.decode_bytes(bytes(data))  # type: ignore[arg-type]
+        self.r.set(tensor_key, pack_tensors(tensors), ex=self.settings.image_ttl_s)
+        return False
+
+    def decode_bytes(self, data: bytes) -> dict[str, Any]:
+        img = decode_image(
+            data, self.settings.max_image_pixels, self.processor.target_pixels, draft=self.settings.jpeg_draft
+        )
+        try:
+            return self.processor(img)
+        except (ValueError, RuntimeError) as exc:  # e.g. extreme aspect ratios
+            raise ImageRejected(f"image could not be processed: {exc}") from exc
+
+    def _hand_over(self, job_id: str, decode_s: float, cache_hit: bool) -> DecodeOutcome:
+        args = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
+        keys = [*self._job_keys(job_id), self.keys.inference_stream()]
+        if not self._handoff(keys=keys, args=args):
+            return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
+        return DecodeOutcome("waiting", "", decode_s, cache_hit)
+
+    def _fail(self, job_id: str, reason: str) -> DecodeOutcome:
+        self._finish_status(job_id, JobStatus.FAILED, "error", reason)
+        return DecodeOutcome("failed", reason)
+
+    def _finish_status(self, job_id: str, status: JobStatus, finish_reason: str, error: str | None) -> None:
+        if status is JobStatus.FAILED:
+            event = JobEvent(type="error", status=status, finish_reason=finish_reason, error=error)
+        else:
+            event = JobEvent(type="status", status=status, finish_reason=finish_reason, error=error)
+        self._finish(keys=self._job_keys(job_id), args=finish_args(event, status, time.time(), self._ttl))
+
+    # --- helpers ---
+    @property
+    def _ttl(self) -> int:
+        return self.settings.job_ttl_s
+
+    def _job_keys(self, job_id: str) -> list[str]:
+        return [self.keys.job(job_id), self.keys.job_events(job_id), self.keys.job_wake(job_id)]
+
+
+__all__ = ["DecodeOutcome", "DecodePipeline"]

@@ -1,0 +1,59 @@
+"""The ``vlmq.decode`` task: a thin Celery shell around ``worker.pipeline.DecodePipeline``.
+
+Imported by worker processes only. The image processor is loaded once per process (in the
+pool child, after fork, so no torch thread pool crosses a fork).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+import redis
+from celery.signals import worker_process_init
+
+from shared.config import get_decode_worker_settings
+from worker.celery_app import DECODE_TASK, app
+from worker.imaging import ImageProcessorHandle, configure_pillow
+from worker.pipeline import DecodePipeline
+
+log = logging.getLogger(__name__)
+REDIS_RETRIES = 5
+
+
+@lru_cache(maxsize=1)
+def pipeline() -> DecodePipeline:
+    settings = get_decode_worker_settings()
+    configure_pillow(settings.max_image_pixels)
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # one decode per process; parallelism comes from -c N
+    except ImportError:
+        pass
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+    return DecodePipeline(client, settings, ImageProcessorHandle.load(settings.model))
+
+
+@worker_process_init.connect
+def _warm_up(**_: object) -> None:
+    handle = pipeline().processor
+    log.info("decode process ready (image processor %s)", handle.processor_id)  # tests wait for this
+
+
+@app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
+def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    """Decode the job's image into the model's pixel tensor and hand the job to inference."""
+    try:
+        outcome = pipeline().run(job_id)
+    except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 10)) from exc
+    log.info(
+        "job %s: %s %s (%.1f ms%s)",
+        job_id,
+        outcome.status,
+        outcome.detail,
+        outcome.decode_s * 1000,
+        ", tensor cached" if outcome.cache_hit else "",
+    )
+    return outcome.status
