@@ -171,7 +171,7 @@ def build_model(family_name: str, size: str = "tiny", seed: int = 0) -> tuple[An
     """A random-weight model of ``family_name`` and a processor-like object (tokenizer + image processor)."""
     fam = FAMILIES[family_name]
     tok = build_tokenizer(fam)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in fam.specials}
+    ids: dict[str, int] = {t: tok.convert_tokens_to_ids(t) for t in fam.specials}  # type: ignore[misc]
     hidden, layers, heads = (128, 4, 4) if size == "tiny" else (512, 12, 8)
     torch.manual_seed(seed)
     if fam.name == "llava":
@@ -213,7 +213,7 @@ def _mrope_model(fam: Family, tok: Any, ids: dict[str, int], hidden: int, layers
             video_start_token_id=ids["<|begin_of_video|>"],
             video_end_token_id=ids["<|end_of_video|>"],
         )
-        ip = Glm4vImageProcessorPil(
+        ip: Any = Glm4vImageProcessorPil(  # type: ignore[call-arg]
             patch_size=8,
             temporal_patch_size=2,
             merge_size=2,
@@ -233,7 +233,7 @@ def _mrope_model(fam: Family, tok: Any, ids: dict[str, int], hidden: int, layers
         spatial_merge_size=2,
         temporal_patch_size=2,
     )
-    cfg = Qwen2VLConfig(
+    qcfg = Qwen2VLConfig(
         text_config=text,
         vision_config=qv,
         image_token_id=ids["<|image_pad|>"],
@@ -241,10 +241,10 @@ def _mrope_model(fam: Family, tok: Any, ids: dict[str, int], hidden: int, layers
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    ip = Qwen2VLImageProcessorPil(
+    qip = Qwen2VLImageProcessorPil(
         patch_size=8, temporal_patch_size=2, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128
     )
-    return Qwen2VLForConditionalGeneration(cfg), ip
+    return Qwen2VLForConditionalGeneration(qcfg), qip
 
 
 def _llava(tok: Any, ids: dict[str, int], hidden: int, layers: int, heads: int) -> Any:
@@ -334,3 +334,24 @@ def load_bundled(quantize: str = "none") -> tuple[Any, Any]:
     if path is None:
         raise FileNotFoundError("no bundled model (models/vlmq-tiny) and no random-init checkpoint")
     return load_model(path, quantize, "cpu")
+
+
+def build_large_glm(processor: Any, seed: int = 0) -> Any:
+    """A ~95M-parameter random Glm4v with the bundled model's tokenizer/processor geometry, where
+    compute (not Python overhead) dominates: 8 text layers of width 768, a 12-block vision tower."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+
+    path = bundled_model_path()
+    assert path is not None
+    cfg = Glm4vConfig.from_pretrained(path)
+    tc: Any = cfg.text_config
+    vc: Any = cfg.vision_config
+    tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers = 768, 2304, 8
+    tc.num_attention_heads, tc.num_key_value_heads = 12, 4
+    vc.hidden_size, vc.intermediate_size, vc.depth, vc.num_heads = 512, 1536, 12, 8
+    vc.out_hidden_size = 768
+    torch.manual_seed(seed)
+    model = Glm4vForConditionalGeneration(cfg).eval()
+    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    return model

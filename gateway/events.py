@@ -16,6 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.errors import APIError
+from gateway.shutdown import server_exiting
 from shared.keys import Keys
 from shared.schemas import TERMINAL_STATUSES, JobEvent
 
@@ -90,8 +91,9 @@ async def follow(
 ) -> AsyncIterator[tuple[str, JobEvent]]:
     """Events after ``last_id`` as they come, ending with the terminal event.
 
-    Ends early, without a terminal event, when the job record is gone (expired) or when the
-    terminal event is already behind ``last_id`` (a client resuming a finished stream).
+    Ends early, without a terminal event, when the job record is gone (expired), when the
+    terminal event is already behind ``last_id`` (a client resuming a finished stream), or
+    when the server shuts down (the client resumes elsewhere with its last id).
     """
     key = keys.job_events(job_id)
     tokens = await primed_filter(redis, keys, job_id, last_id)
@@ -100,7 +102,7 @@ async def follow(
         reply: Any = await redis.xread({key: last_id}, count=256, block=block)
         block = block_ms
         if not reply:
-            if await _finished_or_gone(redis, keys, job_id, key, last_id):
+            if server_exiting() or await _finished_or_gone(redis, keys, job_id, key, last_id):
                 return
             continue
         for entry_id, fields in reply[0][1]:

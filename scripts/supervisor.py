@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from scripts.pdeathsig import term_with_parent
+
 
 @dataclass
 class Child:
@@ -46,6 +48,7 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=term_with_parent,
         )
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (closed by the pump)
         assert child.process.stdout is not None

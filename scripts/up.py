@@ -21,7 +21,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Supervisor
-from shared.config import DecodeWorkerSettings, GatewaySettings
+from shared.config import (
+    DecodeWorkerSettings,
+    GatewaySettings,
+    get_decode_worker_settings,
+    get_gateway_settings,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -32,12 +37,12 @@ class UpSettings(BaseSettings):
     """Settings of `make up` itself (the services read shared/config.py)."""
 
     model_config = SettingsConfigDict(env_prefix="VLMQ_", env_file=".env", extra="ignore")
-    flower_port: int = Field(5555, description="Flower (Celery monitoring) port")
+    flower_port: int = Field(default=5555, description="Flower (Celery monitoring) port")
     flower_user: str | None = Field(
         None, description="Flower basic-auth user (auth on when user and password set)"
     )
-    flower_password: str | None = Field(None, description="Flower basic-auth password")
-    ready_timeout_s: float = Field(180.0, description="How long `make up` waits for every service")
+    flower_password: str | None = Field(default=None, description="Flower basic-auth password")
+    ready_timeout_s: float = Field(default=180.0, description="How long `make up` waits for every service")
 
 
 def choose_redis() -> tuple[str, RedisServer | None]:
@@ -133,8 +138,9 @@ def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float) -> bool:
 def main() -> int:
     redis_url, embedded = choose_redis()
     os.environ["VLMQ_REDIS_URL"] = redis_url
-    os.environ["VLMQ_MODEL"] = model_path(GatewaySettings().model)
-    gw, dec, up = GatewaySettings(), DecodeWorkerSettings(), UpSettings()
+    os.environ["VLMQ_MODEL"] = model_path(get_gateway_settings().model)
+    get_gateway_settings.cache_clear()  # read again with the model path and Redis chosen here
+    gw, dec, up = get_gateway_settings(), get_decode_worker_settings(), UpSettings()  # type: ignore[call-arg]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     sup = Supervisor(env, ROOT, ROOT / ".run" / "logs")
     stopping: list[int] = []

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
 import redis
 
@@ -34,7 +35,7 @@ def resolve_device(device: str) -> str:
 def engine_config(settings: InferenceSettings) -> EngineConfig:
     """EngineConfig from settings (only the fields this EngineConfig version has)."""
     mb = 1024 * 1024
-    values = {
+    values: dict[str, Any] = {
         "model_path": settings.model,
         "quantize": settings.quantize,
         "device": resolve_device(settings.device),

@@ -39,7 +39,7 @@ def record_turn(pipe: redis.client.Pipeline, keys: Keys, spec: JobSpec, answer: 
     if not spec.session_id:
         return
     key = keys.session(spec.session_id)
-    pipe.hset(key, mapping=session_fields(spec, answer))
+    pipe.hset(key, mapping=dict(session_fields(spec, answer)))  # type: ignore[arg-type]
     pipe.expire(key, ttl_s)
 
 

@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -102,7 +103,7 @@ def stack_factory(
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Attach the stack processes' logs to a failing test's report."""
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     if not report.failed:
         return

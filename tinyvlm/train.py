@@ -25,7 +25,7 @@ from tinyvlm import build, data
 @dataclass(frozen=True)
 class TrainConfig:
     examples: int = 30000
-    steps: int = 1000
+    steps: int = 900
     batch: int = 32
     lr: float = 6e-4
     warmup: int = 60

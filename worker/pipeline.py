@@ -15,10 +15,11 @@ from typing import Any
 
 import redis
 
+from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
 from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
 from shared.keys import Keys
-from shared.schemas import JobEvent, JobStatus
+from shared.schemas import EventType, JobEvent, JobStatus
 from shared.tensors import pack_tensors
 from worker.imaging import ImageProcessorHandle, ImageRejected, decode_image
 
@@ -50,7 +51,7 @@ class DecodeOutcome:
 
 class DecodePipeline:
     def __init__(self, client: redis.Redis, settings: DecodeWorkerSettings, processor: ImageProcessorHandle):
-        self.r = client
+        self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.settings = settings
         self.keys: Keys = settings.keys
         self.processor = processor
@@ -69,7 +70,7 @@ class DecodePipeline:
             return stop
         attempts = int(self.r.hincrby(self.keys.job(job_id), "decode_attempts", 1))
         if attempts > self.settings.max_decode_attempts:
-            return self._fail(job_id, f"dead letter: decoding was interrupted {attempts - 1} times")
+            return self.fail(job_id, f"dead letter: decoding was interrupted {attempts - 1} times")
         started = time.time()
         self.r.hset(self.keys.job(job_id), "decode_started_at", str(started))
         self._set_status(
@@ -78,9 +79,11 @@ class DecodePipeline:
         try:
             cache_hit = self._ensure_tensor(job)
         except ImageRejected as exc:
-            return self._fail(job_id, str(exc))
+            return self.fail(job_id, str(exc))
         decode_s = time.time() - started
-        self.r.hset(self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)})
+        self.r.hset(
+            self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
+        )
         return self._hand_over(job_id, decode_s, cache_hit)
 
     # --- steps ---
@@ -126,16 +129,15 @@ class DecodePipeline:
             return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
         return DecodeOutcome("waiting", "", decode_s, cache_hit)
 
-    def _fail(self, job_id: str, reason: str) -> DecodeOutcome:
+    def fail(self, job_id: str, reason: str) -> DecodeOutcome:
         self._finish_status(job_id, JobStatus.FAILED, "error", reason)
         return DecodeOutcome("failed", reason)
 
     def _finish_status(self, job_id: str, status: JobStatus, finish_reason: str, error: str | None) -> None:
-        if status is JobStatus.FAILED:
-            event = JobEvent(type="error", status=status, finish_reason=finish_reason, error=error)
-        else:
-            event = JobEvent(type="status", status=status, finish_reason=finish_reason, error=error)
-        self._finish(keys=self._job_keys(job_id), args=finish_args(event, status, time.time(), self._ttl))
+        kind: EventType = "error" if status is JobStatus.FAILED else "status"
+        event = JobEvent(type=kind, status=status, finish_reason=finish_reason, error=error)
+        if self._finish(keys=self._job_keys(job_id), args=finish_args(event, status, time.time(), self._ttl)):
+            metrics_hash.inc(self.r, self.keys.metrics_counters(), "jobs_total", outcome=status.value)
 
     # --- helpers ---
     @property

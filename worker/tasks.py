@@ -10,6 +10,7 @@ import logging
 from functools import lru_cache
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from shared.config import get_decode_worker_settings
@@ -46,6 +47,8 @@ def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
     """Decode the job's image into the model's pixel tensor and hand the job to inference."""
     try:
         outcome = pipeline().run(job_id)
+    except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
+        outcome = pipeline().fail(job_id, "image decoding took too long")
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, 10)) from exc
     log.info(

@@ -1,8 +1,9 @@
 """``WS /v1/chat/ws``: submit and stream in one connection (the web page's channel).
 
 Client -> server: a job as JSON (``prompt``, ``image`` as a data URL or omitted within a
-session, ``session_id``, sampling params), or ``{"type": "cancel"}`` to stop the job that
-is streaming. Jobs sent while one streams wait their turn (in order).
+session, ``session_id``, sampling params, ``no_cache: true`` to bypass the result cache),
+or ``{"type": "cancel"}`` to stop the job that is streaming. Jobs sent while one streams
+wait their turn (in order).
 Server -> client: ``{"type": "accepted", "id", "session_id"}``, then the job's events
 (``status``/``token``/``done``/``error``, each with ``id``), then the next job's.
 A refused submission answers ``{"type": "error", "status", "error", "param"}`` and the
@@ -35,12 +36,14 @@ MAX_PENDING = 16  # submissions queued behind the streaming one
 async def _submit(state: GatewayState, message: dict[str, Any]) -> Accepted:
     raw = {k: v for k, v in message.items() if k != "type"}
     raw.setdefault("cancel_on_disconnect", True)  # page closed: stop generating for nobody
+    no_cache = raw.pop("no_cache", False) is True  # the WebSocket's "Cache-Control: no-cache"
     image = raw.pop("image", None)
     if image is not None and not isinstance(image, str):
         raise APIError(400, "image: expected a data: URL or base64 string", param="image")
     data = decode_base64_image(image, state.settings.max_image_bytes) if image else None
     params = parse_params(raw)
-    return await commit_job(state, await prepare_job(state, params, data, source="ws"))
+    prepared = await prepare_job(state, params, data, source="ws")
+    return await commit_job(state, prepared, use_result_cache=not no_cache)
 
 
 def _error(exc: APIError) -> dict[str, Any]:

@@ -6,17 +6,20 @@ The client going away before the end cancels the job (abort on disconnect).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway.deps import NoCacheDep, StateDep
 from gateway.errors import APIError, error_body
-from gateway.jobs import load_record
+from gateway.events import is_terminal
+from gateway.jobs import cancel_job, load_record
 from gateway.openai_compat import (
     ChatCompletionRequest,
     chunk_json,
@@ -25,6 +28,7 @@ from gateway.openai_compat import (
     usage_json,
 )
 from gateway.params import SESSION_ID_PATTERN
+from gateway.routes.stream import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
 from gateway.streaming import job_events
 from gateway.submission import Accepted, commit_job
@@ -59,10 +63,25 @@ async def chat_completions(
     headers = _headers(accepted, state.settings.result_cache_ttl_s)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventSourceResponse(_chunks(state, accepted, include_usage), headers=headers, ping=15)
+        return EventSourceResponse(
+            _chunks(state, accepted, include_usage),
+            headers=headers,
+            ping=15,
+            shutdown_event=anyio.Event(),
+            shutdown_grace_period=SHUTDOWN_GRACE_S,
+        )
     record = await _wait(request, state, accepted.spec.job_id)
     if record is None:  # client left: job_events already cancelled it
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    if not record.status.terminal:  # the stream ended early: this gateway is shutting down
+        with contextlib.suppress(APIError):  # nobody will read this answer: free the batch slot
+            await cancel_job(state, accepted.spec.job_id)
+        raise APIError(
+            503,
+            "gateway shutting down; retry the request",
+            code="shutting_down",
+            headers={"Retry-After": "1"},
+        )
     if record.status != JobStatus.DONE:
         status, message = _TERMINAL_ERRORS.get(record.status, (500, "generation failed"))
         detail = f"{message}: {record.error}" if record.error else message
@@ -108,24 +127,32 @@ async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord
 async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:
     job_id, model = accepted.spec.job_id, state.settings.model_name
     created = int(accepted.spec.created_at)
-    yield json.dumps(chunk_json(job_id, model, created, {"role": "assistant", "content": ""}))
-    streamed = False
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> str:
+        return json.dumps(chunk_json(job_id, model, created, delta, finish, usage, choices=usage is None))
+
+    yield chunk({"role": "assistant", "content": ""})
+    streamed = ended = False
     async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
         if event.type == "token" and event.text:
             streamed = True
-            yield json.dumps(chunk_json(job_id, model, created, {"content": event.text}))
+            yield chunk({"content": event.text})
         elif event.type == "done":
+            ended = True
             if not streamed and event.final_text:  # result-cache hit: no token events
-                yield json.dumps(chunk_json(job_id, model, created, {"content": event.final_text}))
-            yield json.dumps(chunk_json(job_id, model, created, {}, event.finish_reason or "stop"))
+                yield chunk({"content": event.final_text})
+            yield chunk({}, event.finish_reason or "stop")
             if include_usage:
-                yield json.dumps(
-                    chunk_json(job_id, model, created, {}, usage=usage_json(event.usage), choices=False)
-                )
-        elif event.type == "error" or (event.type == "status" and event.status and event.status.terminal):
-            status, message = _TERMINAL_ERRORS.get(
-                event.status or JobStatus.FAILED, (500, "generation failed")
+                yield chunk({}, usage=usage_json(event.usage))
+        elif is_terminal(event):
+            ended = True
+            status = event.status or JobStatus.FAILED
+            code, message = _TERMINAL_ERRORS.get(status, (500, "generation failed"))
+            yield json.dumps(
+                error_body(code, f"{message}: {event.error}" if event.error else message, code=status.value)
             )
-            detail = f"{message}: {event.error}" if event.error else message
-            yield json.dumps(error_body(status, detail, code=(event.status or JobStatus.FAILED).value))
+    if not ended:  # this gateway is shutting down: say so rather than end as if complete
+        with contextlib.suppress(APIError):
+            await cancel_job(state, job_id)
+        yield json.dumps(error_body(503, "gateway shutting down; retry the request", code="shutting_down"))
     yield "[DONE]"

@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Header, Query, WebSocket
 from sse_starlette import EventSourceResponse
 
@@ -18,12 +19,16 @@ from gateway.deps import StateDep
 from gateway.errors import APIError, error_body
 from gateway.events import check_event_id
 from gateway.jobs import load_record
+from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from gateway.streaming import event_payload, job_events, until_disconnect, ws_open, ws_send_events
 
 router = APIRouter(prefix="/v1/jobs", tags=["streams"])
 
 PING_S = 15
+# On SIGTERM our reader notices within one XREAD block (1 s) and ends the response cleanly;
+# sse-starlette cancels it only after this grace period.
+SHUTDOWN_GRACE_S = 2.5
 
 
 async def _sse(state: GatewayState, job_id: str, last_id: str, cancel: bool) -> AsyncIterator[dict[str, Any]]:
@@ -41,7 +46,13 @@ async def job_events_sse(
     record = await load_record(state, job_id)
     last_id = check_event_id(last_event_id_header or last_event_id)
     stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
-    return EventSourceResponse(stream, ping=PING_S, headers={"Cache-Control": "no-store"})
+    return EventSourceResponse(
+        stream,
+        ping=PING_S,
+        headers={"Cache-Control": "no-store"},
+        shutdown_event=anyio.Event(),
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    )
 
 
 @router.websocket("/{job_id}/stream")
@@ -60,6 +71,7 @@ async def job_events_ws(
     watcher = asyncio.create_task(until_disconnect(websocket))
     try:
         if await ws_send_events(websocket, events, watcher) and ws_open(websocket):
-            await websocket.close(code=1000)
+            # 1012 (service restart) tells the client to reconnect with its last id.
+            await websocket.close(code=1012 if server_exiting() else 1000)
     finally:
         watcher.cancel()

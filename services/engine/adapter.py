@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from services.engine.api import ImageInput, RequestRejected
 
@@ -25,7 +26,7 @@ class ModelAdapter:
         self.base = getattr(model, "model", model)
         self.config = model.config
         self.text_config = model.config.get_text_config(decoder=True)
-        self.vision_config = getattr(model.config, "vision_config", None)
+        self.vision_config: Any = getattr(model.config, "vision_config", None)
         self.image_token_id = int(model.config.image_token_id)
         self.grid = hasattr(self.base, "get_rope_index")
         self.embed_tokens = model.get_input_embeddings()
@@ -88,8 +89,9 @@ class ModelAdapter:
         channels = getattr(vc, "in_channels", None) or getattr(vc, "in_chans", 3)
         dim = channels * vc.temporal_patch_size * vc.patch_size**2
         if pv.ndim != 2 or pv.shape != (int(grid.prod()), dim):
+            want = (int(grid.prod()), dim)
             raise RequestRejected(
-                f"{where}: pixel_values shape {tuple(pv.shape)} != ({int(grid.prod())}, {dim}) for grid {grid.tolist()}"
+                f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {grid.tolist()}"
             )
 
     def _check_fixed(self, image: ImageInput, where: str) -> None:
@@ -139,19 +141,21 @@ class ModelAdapter:
         """A DynamicCache holding ``layers`` as they are (no copy: the constructor's own path would cat)."""
         cache = DynamicCache(config=self.config)
         for layer, (k, v) in zip(cache.layers, layers or [], strict=False):
+            assert isinstance(layer, DynamicLayer), "full-attention layers only (no sliding/linear caches)"
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
         return cache
 
     @torch.inference_mode()
     def forward(
-        self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+        self, embeds: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
         """One forward over (B, q) embeddings; returns the last position's logits (B, V) in fp32.
-        ``mask`` is (B, cached + q) with 1 for real tokens; ``positions`` (3, B, q) or (B, q)."""
+        ``mask``: (B, cached + q) bool, True for real tokens, or a ready (B, 1, q, cached + q) mask, or
+        None (no padding anywhere); ``positions`` (3, B, q) or (B, q)."""
         out = self.model(
             inputs_embeds=embeds,
-            attention_mask=mask.to(self.device, torch.long),
+            attention_mask=None if mask is None else mask.to(self.device),
             position_ids=positions.to(self.device),
             cache=cache,
             use_cache=True,

@@ -178,7 +178,11 @@ class Engine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self.submit(request, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+
+        def on_event(ev: TokenEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        self.submit(request, on_event)
         done = False
         try:
             while not done:
@@ -230,7 +234,11 @@ class Engine:
                     self._cv.wait(timeout=1.0)
                     continue
             with self._forward_lock:
-                self.step(self.scheduler.schedule())
+                batch = self.scheduler.schedule()
+                try:
+                    self.step(batch)
+                except Exception as exc:  # a bug outside the forward: fail what ran, keep serving
+                    self._fatal(exc, [s for s in self.scheduler.running])
 
     def step(self, batch: ScheduledBatch) -> None:
         """One engine step: drop what left, then run the batch, then postprocess its tokens."""
@@ -254,9 +262,11 @@ class Engine:
             self._stats.prefill_steps += 1
             return self._prefill_isolated(seqs)
         self._stats.decode_steps += 1
-        self._stats.batch_sizes[len(seqs)] = self._stats.batch_sizes.get(len(seqs), 0) + 1
+        with self._cv:  # stats() copies these dicts under the same lock
+            self._stats.batch_sizes[len(seqs)] = self._stats.batch_sizes.get(len(seqs), 0) + 1
         try:
-            return self.runner.decode(seqs), seqs
+            rows, logits = self.runner.decode(seqs)
+            return logits, rows
         except Exception as exc:  # a failed decode leaves the batch KV undefined: fail every row
             self._fatal(exc, seqs)
             return torch.empty(0), []
@@ -287,7 +297,7 @@ class Engine:
 
     def _fatal(self, exc: Exception, seqs: list[Sequence]) -> None:
         self._healthy = False
-        self._last_error = f"forward failed: {type(exc).__name__}: {exc}"
+        self._last_error = f"engine step failed: {type(exc).__name__}: {exc}"
         for seq in seqs:
             self._fail(seq, exc)
         self.runner.reset()
@@ -316,9 +326,7 @@ class Engine:
         self.runner.release([s for s, _ in done], [s.request.use_cache for s, _ in done])
         for seq, text in done:
             self.scheduler.finish(seq)
-            self._finish(
-                seq, seq.finish_reason or FinishReason.STOP, last_token=seq.output_ids[-1], text=text
-            )
+            self._finish(seq, seq.finish_reason or FinishReason.STOP, last=seq.output_ids[-1], text=text)
 
     def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
         if tok in seq.eos_ids and not seq.request.sampling.ignore_eos:
@@ -327,9 +335,7 @@ class Engine:
             return FinishReason.LENGTH
         return None
 
-    def _finish(
-        self, seq: Sequence, reason: FinishReason, last_token: int | None = None, text: str = ""
-    ) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, last: int | None = None, text: str = "") -> None:
         now = time.monotonic()
         seq.finish_reason = reason
         start = seq.admitted_at or now
@@ -341,10 +347,10 @@ class Engine:
             ttft=(seq.first_token_at - seq.arrival) if seq.first_token_at else 0.0,
         )
         usage = Usage(seq.num_prompt_tokens, len(seq.output_ids), seq.num_cached_tokens)
-        tokens = (last_token,) if last_token is not None else ()
+        tokens = (last,) if last is not None else ()
         index = len(seq.output_ids) - len(tokens)
-        self._stats.finished[reason.value] = self._stats.finished.get(reason.value, 0) + 1
         with self._cv:
+            self._stats.finished[reason.value] = self._stats.finished.get(reason.value, 0) + 1
             self._known.pop(seq.id, None)
         self._emit(seq, TokenEvent(seq.id, tokens, text, index, reason, seq.error, usage, timings))
 

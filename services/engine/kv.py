@@ -48,6 +48,7 @@ class BatchKV:
         self.ids: list[str] = []
         self.cache: DynamicCache | None = None
         self.mask = torch.zeros(0, 0, dtype=torch.bool)
+        self._padded = False  # any masked column in any row (changes only when rows join or leave)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -58,12 +59,13 @@ class BatchKV:
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         assert self.cache is not None
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return cache_layers(self.cache)
 
     def merge(self, other: BatchKV) -> None:
         """Append ``other``'s rows below ours (both padded on the left to a common length)."""
         if not self.ids:
             self.ids, self.cache, self.mask = other.ids, other.cache, other.mask
+            self._padded = not bool(self.mask.all())
             return
         length = max(self.length, other.length)
         layers = [
@@ -74,6 +76,7 @@ class BatchKV:
             for (k1, v1), (k2, v2) in zip(self.layers(), other.layers(), strict=True)
         ]
         self.mask = torch.cat([_pad_mask(self.mask, length), _pad_mask(other.mask, length)])
+        self._padded = not bool(self.mask.all())
         self.ids = self.ids + other.ids
         self.cache = self.make_cache(layers)
 
@@ -95,6 +98,7 @@ class BatchKV:
             for k, v in self.layers()
         ]
         self.mask = mask[:, first:]
+        self._padded = not bool(self.mask.all())
         self.cache = self.make_cache(layers)
 
     def extract(self, rid: str, n_tokens: int) -> KV:
@@ -112,6 +116,16 @@ class BatchKV:
     def append_column(self) -> None:
         """Before a decode step: every row gets one more real column."""
         self.mask = torch.cat([self.mask, torch.ones(len(self.ids), 1, dtype=torch.bool)], dim=1)
+
+    def decode_mask(self) -> torch.Tensor | None:
+        """Attention mask for a one-token step: None when no row has padding (what an unpadded run
+        uses), else the (B, 1, 1, L) boolean mask itself (skips rebuilding it from 2-D every step)."""
+        return self.mask[:, None, None, :] if self._padded else None
+
+
+def cache_layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) of a full-attention DynamicCache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
 
 
 def _pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:

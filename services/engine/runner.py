@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.adapter import ModelAdapter
+from services.engine.api import ImageInput
 from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
-from services.engine.kv import BatchKV, stack_left
+from services.engine.kv import BatchKV, cache_layers, stack_left
 from services.engine.sequence import Prompt, Sequence
 
 
@@ -92,7 +93,7 @@ class ModelRunner:
     def _image_features(self, seqs: list[Sequence]) -> dict[str, torch.Tensor]:
         """Features by digest for every image that lies (partly) in an uncached suffix."""
         feats: dict[str, torch.Tensor] = {}
-        todo = {}
+        todo: dict[str, tuple[ImageInput, bool]] = {}
         for s in seqs:
             use_cache = s.request.use_cache and self.caches.image is not None
             for span in s.prompt.spans:
@@ -137,20 +138,19 @@ class ModelRunner:
         return mask
 
     # --- decode -----------------------------------------------------------------------------------
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits (len(seqs), V) for the next token of every running sequence (in ``seqs`` order)."""
+    def decode(self, seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """Next-token logits for every running sequence: (rows in batch order, logits (B, V))."""
         by_id = {s.id: s for s in seqs}
         rows = [by_id[rid] for rid in self.batch.ids]
         assert len(rows) == len(seqs), "decode must cover exactly the running batch"
-        ids = torch.tensor([[s.output_ids[-1]] for s in rows])
-        pos = torch.tensor([[s.last_position] for s in rows])
-        if self.adapter.grid:
-            pos = pos.unsqueeze(0).expand(3, -1, -1)
+        step = torch.tensor([[s.output_ids[-1] for s in rows], [s.last_position for s in rows]]).unsqueeze(-1)
+        pos = step[1].expand(3, -1, -1) if self.adapter.grid else step[1]
         self.batch.append_column()
         assert self.batch.cache is not None
-        logits = self.adapter.forward(self.adapter.embed(ids), self.batch.mask, pos, self.batch.cache)
-        order = {rid: i for i, rid in enumerate(self.batch.ids)}
-        return logits[torch.tensor([order[s.id] for s in seqs])]
+        logits = self.adapter.forward(
+            self.adapter.embed(step[0]), self.batch.decode_mask(), pos, self.batch.cache
+        )
+        return rows, logits
 
     # --- leaving ----------------------------------------------------------------------------------
     def release(self, seqs: list[Sequence], save_session: list[bool]) -> None:
@@ -178,5 +178,4 @@ class ModelRunner:
         cache = self.adapter.make_cache(None)
         mask = torch.ones(1, len(ids), dtype=torch.bool)
         self.adapter.forward(self.adapter.embed(ids)[None], mask, prompt.positions.unsqueeze(-2), cache)
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        return KVEntry(tuple(prompt.token_ids), (), kv)
+        return KVEntry(tuple(prompt.token_ids), (), cache_layers(cache))

@@ -25,6 +25,8 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | 
         kth = torch.topk(scores, p.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    if not torch.isfinite(probs).all():
+        raise ValueError("non-finite logits")
     if p.top_p < 1.0:
         sorted_p, idx = probs.sort(descending=True)
         # keep the smallest set whose mass reaches top_p (the first token always stays)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -24,7 +25,7 @@ from services.worker.store import JobStore
 from services.worker.stream import Entry, StreamConsumer
 from shared import metrics_hash, result_cache, sessions
 from shared.keys import Keys
-from shared.schemas import JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
+from shared.schemas import EventType, JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
 
 log = logging.getLogger(__name__)
 MAX_BATCH_EVENTS = 512
@@ -78,7 +79,7 @@ class EventWriter(threading.Thread):
         cancel: Callable[[str], object],
     ) -> None:
         super().__init__(name="event-writer", daemon=True)
-        self.r = client
+        self.r: Any = client  # redis-py's return types are unions; this module knows the shapes
         self.store = store
         self.keys: Keys = store.keys
         self.consumer = consumer
@@ -176,34 +177,19 @@ class EventWriter(threading.Thread):
         return True
 
     def _terminal(self, run: JobRun, event: TokenEvent) -> tuple[JobEvent, JobStatus]:
-        usage = _usage(event)
-        timings = self._timings(run, event)
-        common = {"attempt": run.attempt, "final_text": run.text, "usage": usage, "timings": timings}
-        if run.diverged:
-            return JobEvent(
-                type="error", status=JobStatus.FAILED, finish_reason="error", error=run.diverged, **common
-            ), JobStatus.FAILED
-        reason = event.finish_reason
-        if reason in (FinishReason.STOP, FinishReason.LENGTH):
-            return JobEvent(
-                type="done", status=JobStatus.DONE, finish_reason=str(reason), **common
-            ), JobStatus.DONE
-        if reason is FinishReason.CANCELLED:
-            return JobEvent(
-                type="status", status=JobStatus.CANCELLED, finish_reason="cancelled", **common
-            ), JobStatus.CANCELLED
-        if reason is FinishReason.EXPIRED:
-            return JobEvent(
-                type="status",
-                status=JobStatus.EXPIRED,
-                finish_reason="expired",
-                error="deadline passed during generation",
-                **common,
-            ), JobStatus.EXPIRED
-        error = event.error or "generation failed"
-        return JobEvent(
-            type="error", status=JobStatus.FAILED, finish_reason="error", error=error, **common
-        ), JobStatus.FAILED
+        """The terminal event for the engine's last event (the stream's done/error/status entry)."""
+        kind, status, reason, error = _outcome(run, event)
+        terminal = JobEvent(
+            type=kind,
+            status=status,
+            finish_reason=reason,
+            error=error,
+            attempt=run.attempt,
+            final_text=run.text,
+            usage=_usage(event),
+            timings=self._timings(run, event),
+        )
+        return terminal, status
 
     def _timings(self, run: JobRun, event: TokenEvent) -> StageTimings:
         engine = event.timings
@@ -260,6 +246,20 @@ class EventWriter(threading.Thread):
         if event.timings is not None:
             for stage, seconds in event.timings.model_dump().items():
                 metrics_hash.observe(pipe, key, "stage_seconds", seconds, stage=stage)
+
+
+def _outcome(run: JobRun, event: TokenEvent) -> tuple[EventType, JobStatus, str, str | None]:
+    """(event type, job status, finish reason, error) of a finished attempt."""
+    reason = event.finish_reason
+    if run.diverged:
+        return "error", JobStatus.FAILED, "error", run.diverged
+    if reason in (FinishReason.STOP, FinishReason.LENGTH):
+        return "done", JobStatus.DONE, str(reason), None
+    if reason is FinishReason.CANCELLED:
+        return "status", JobStatus.CANCELLED, "cancelled", None
+    if reason is FinishReason.EXPIRED:
+        return "status", JobStatus.EXPIRED, "expired", "deadline passed during generation"
+    return "error", JobStatus.FAILED, "error", event.error or "generation failed"
 
 
 def _usage(event: TokenEvent) -> UsageInfo | None:

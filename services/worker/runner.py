@@ -42,7 +42,7 @@ class InferenceWorker:
     def __init__(self, settings: InferenceSettings, engine: Any, client: redis.Redis, processor_id: str):
         self.settings = settings
         self.engine = engine
-        self.r = client
+        self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.keys = settings.keys
         self.processor_id = processor_id
         self.worker_id = settings.worker_id or default_worker_id()
@@ -65,8 +65,19 @@ class InferenceWorker:
         for entry in self.consumer.read(self.capacity, 0, own_pending=True):  # same name, restarted
             self.handle(entry)
         log.info("inference worker %s reading %s", self.worker_id, self.keys.inference_stream())
+        backoff = 0.1
         while not self.stopping.is_set():
-            self.tick()
+            try:
+                self.tick()
+                backoff = 0.1
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):  # Redis lost the stream (restart without persistence)
+                    raise
+                self.consumer.ensure_group()
+            except redis.RedisError as exc:  # Redis down or restarting: wait, keep running jobs
+                log.warning("redis error in the reader loop (%s); retrying in %.1fs", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(2 * backoff, 2.0)
         self.shutdown()
 
     def tick(self) -> None:
@@ -90,8 +101,8 @@ class InferenceWorker:
             self.handle(entry)
 
     def shutdown(self) -> None:
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self._runs() and time.monotonic() < deadline:
+        started = time.monotonic()
+        while self._runs() and time.monotonic() < started + self.settings.drain_timeout_s:  # 2nd signal: 0
             self.poll_cancels()
             self.heartbeat()
             time.sleep(CANCEL_POLL_S)
@@ -107,6 +118,17 @@ class InferenceWorker:
 
     # --- one stream entry ---
     def handle(self, entry: Entry) -> None:
+        try:
+            self._handle(entry)
+        except redis.RedisError:
+            raise  # the entry stays pending: retried by this worker's loop or claimed by another
+        except Exception as exc:  # a malformed job must not crash the worker (nor loop forever)
+            log.exception("job %s: cannot start", entry.job_id)
+            self._forget(entry.job_id)
+            self.store.fail(entry.job_id, f"internal error starting the job: {exc}", 0)
+            self._ack(entry, outcome=JobStatus.FAILED)
+
+    def _handle(self, entry: Entry) -> None:
         loaded = self.store.load(entry.job_id) if entry.job_id else None
         if loaded is None or loaded[0].status.terminal:
             return self._ack(entry)  # gone, or finished by an earlier delivery

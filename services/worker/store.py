@@ -22,7 +22,7 @@ from shared.tensors import TensorCodecError, unpack_tensors
 
 class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, job_ttl_s: int, image_ttl_s: int):
-        self.r = client
+        self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.keys = keys
         self.job_ttl_s = job_ttl_s
         self.image_ttl_s = image_ttl_s

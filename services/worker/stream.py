@@ -8,6 +8,7 @@ written). A live worker renews its entries (``renew``: XCLAIM to itself, idle ti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -22,7 +23,7 @@ class Entry:
 
 class StreamConsumer:
     def __init__(self, client: redis.Redis, stream: str, consumer: str, group: str = INFERENCE_GROUP):
-        self.r = client
+        self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.stream = stream
         self.group = group
         self.consumer = consumer

@@ -34,7 +34,8 @@ def test_batched_prefix_image_and_session(arch, tiny_models, make_engine):
     out = run_all(engine, reqs)
     for i, req in enumerate(reqs):
         check(out[req.request_id], model, proc, req, pngs[i : i + 1] if i != 4 else [], TIE)
-        assert out[req.request_id][-1].usage.cached_tokens > 0  # system prompt from the prefix cache
+        usage = out[req.request_id][-1].usage
+        assert usage is not None and usage.cached_tokens > 0  # system prompt from the prefix cache
 
     # image cache hit + session turn 2 on the same conversation
     first = reqs[0]

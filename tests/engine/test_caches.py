@@ -30,7 +30,9 @@ def test_bounded_lru_eviction_and_integrity():
     assert cache.stats().evictions == 1 and cache.bytes == 256
     assert not cache.put(f"{3:064x}", torch.zeros(100, 8))  # larger than the whole budget
     cache.check_integrity()
-    cache.peek(f"{0:064x}").add_(1)  # somebody wrote into a stored tensor
+    stored = cache.peek(f"{0:064x}")
+    assert stored is not None
+    stored.add_(1)  # somebody wrote into a stored tensor
     with pytest.raises(CacheIntegrityError, match="changed"):
         cache.check_integrity()
 
@@ -101,11 +103,12 @@ def test_concurrent_sessions_never_see_each_others_kv(bundled, make_engine, bund
         for i, req in enumerate(reqs):
             check(out[req.request_id], model, proc, req, [pngs[i]], bundled_tie_tol)
             answer = "".join(e.text for e in out[req.request_id])
-            history[req.session_id].append(
+            history[str(req.session_id)].append(
                 {"role": "assistant", "content": [{"type": "text", "text": answer}]}
             )
             if turn:
-                assert out[req.request_id][-1].usage.cached_tokens > 100
+                usage = out[req.request_id][-1].usage
+                assert usage is not None and usage.cached_tokens > 100
     entries = {sid: engine.caches.session.peek(sid) for sid in history}
     assert [e.spans[0].digest for e in entries.values()] == [image_input(proc, p).digest for p in pngs]
     engine.caches.session.check_integrity()

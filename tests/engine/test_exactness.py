@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from bench.common import draw_image, image_input
-from services.engine import GenerationRequest, SamplingParams, TokenEvent
-from tests.engine.reference import check, reference, run_all, assert_greedy_match, tokens_of, user
+from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
+from tests.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
 
 QUESTIONS = [
     "What colour is the circle?",
@@ -76,7 +76,7 @@ def test_sequences_joining_mid_flight(bundled, make_engine, bundled_tie_tol):
     engine.submit(first, on_event)
     for _ in range(4):
         assert done.acquire(timeout=60)
-    if not events[first.request_id][-1].finish_reason == "stop":  # joined while it was still running
+    if events[first.request_id][-1].finish_reason != "stop":  # joined while it was still running
         assert engine.stats().batch_sizes.get(2, 0) + engine.stats().batch_sizes.get(3, 0) > 0
     check(events[first.request_id], model, proc, first, first_png, bundled_tie_tol)
     for req, pngs in joiners:
@@ -93,8 +93,8 @@ def test_prefix_cache_on_and_off(bundled, make_engine, bundled_tie_tol):
         ref = reference(model, proc, req.messages, pngs, req.sampling.max_tokens)
         assert_greedy_match(tokens_of(got_on[req.request_id]), ref, bundled_tie_tol)
         assert_greedy_match(tokens_of(got_off[req.request_id]), ref, bundled_tie_tol)
-        assert got_on[req.request_id][-1].usage.cached_tokens > 50  # the system prompt came from the cache
-        assert got_off[req.request_id][-1].usage.cached_tokens == 0
+        assert _usage(got_on[req.request_id]).cached_tokens > 50  # the system prompt came from the cache
+        assert _usage(got_off[req.request_id]).cached_tokens == 0
     assert on.stats().caches["prefix"].hits >= 3
 
 
@@ -113,7 +113,7 @@ def test_session_turns_cached_vs_recompute(bundled, make_engine, bundled_tie_tol
         )
         assert tokens_of(events) == tokens_of(recompute)
         check(events, model, proc, req, [png], bundled_tie_tol)
-        usage = events[-1].usage
+        usage = _usage(events)
         if turn:  # everything up to the new question came from the session cache
             assert usage.cached_tokens >= usage.prompt_tokens - 20, usage
         answer = "".join(e.text for e in events)
@@ -134,3 +134,8 @@ def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
     check(miss, model, proc, req, pngs, bundled_tie_tol)
     check(hit, model, proc, req2, pngs, bundled_tie_tol)
     engine.caches.image.check_integrity()
+
+
+def _usage(events: list[TokenEvent]) -> Usage:
+    assert events[-1].usage is not None
+    return events[-1].usage

@@ -46,7 +46,7 @@ def test_top_k_one_is_greedy(bundled, make_engine):
 
 def test_sample_function_filters():
     logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]] * 200)
-    gens = [make_generator(i) for i in range(200)]
+    gens: list[torch.Generator | None] = [make_generator(i) for i in range(200)]
     top2 = sample(logits, [SamplingParams(temperature=1.0, top_k=2)] * 200, gens)
     assert set(top2) == {1, 2}
     nucleus = sample(logits, [SamplingParams(temperature=1.0, top_p=0.5)] * 200, gens)
@@ -69,7 +69,7 @@ def test_stop_string_cuts_the_text(bundled, make_engine):
 class _CharTokenizer:
     """Token i decodes to VOCAB[i]: enough to drive the detokenizer without a model."""
 
-    VOCAB = ["he", "ll", "o", " w", "or", "ld", "\ufffd"]
+    VOCAB = ("he", "ll", "o", " w", "or", "ld", "\ufffd")
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(self.VOCAB[i] for i in ids)

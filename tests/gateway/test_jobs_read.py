@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import redis
 
@@ -107,7 +109,8 @@ async def test_cancel_queued_job(client: httpx.AsyncClient, gateway: ServiceStac
     resp = await client.delete(f"/v1/jobs/{job_id}")
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
     assert r.get(keys.job_cancel(job_id)) == b"1"
-    last = JobEvent.from_fields(r.xrevrange(keys.job_events(job_id), count=1)[0][1])
+    newest: Any = r.xrevrange(keys.job_events(job_id), count=1)
+    last = JobEvent.from_fields(newest[0][1])
     assert last.type == "status" and last.status == JobStatus.CANCELLED
     # Idempotent; and a worker's later FINISH is refused (terminal written once).
     assert (await client.delete(f"/v1/jobs/{job_id}")).status_code == 200

@@ -78,7 +78,7 @@ async def test_sampling_is_never_cached(
 
 async def test_openai_hit(gateway: ServiceStack, r: redis.Redis) -> None:
     data_url = "data:image/jpeg;base64," + base64.b64encode(JPEG).decode()
-    messages = [
+    messages: Any = [
         {
             "role": "user",
             "content": [
@@ -100,12 +100,12 @@ async def test_openai_hit(gateway: ServiceStack, r: redis.Redis) -> None:
     async with openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key="x", max_retries=0) as oai:
         raw = await oai.chat.completions.with_raw_response.create(
             model=gateway.settings.model_name, messages=messages, max_tokens=5
-        )  # type: ignore[arg-type]
+        )
         assert raw.headers["cache-control"].startswith("public, max-age=")
         assert raw.parse().choices[0].message.content == "Green."
-        stream = await oai.chat.completions.create(
+        stream: Any = await oai.chat.completions.create(
             model=gateway.settings.model_name,
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=5,
             stream=True,
         )

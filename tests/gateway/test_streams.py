@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -29,10 +30,10 @@ async def new_job(client: httpx.AsyncClient) -> str:
     return str(resp.json()["id"])
 
 
-def sse_data(events: list[dict[str, object]]) -> list[dict[str, object]]:
+def sse_data(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in events:
-        data = e["data"]
+        data: Any = e["data"]
         assert isinstance(data, dict) and data["id"] == e["id"] and data["type"] == e["event"]
         out.append(data)
     return out
@@ -96,7 +97,8 @@ async def test_resume_after_terminal_event_ends_at_once(
 ) -> None:
     job_id = await new_job(client)
     run_job(r, gateway.keys, job_id, PIECES)
-    done_id = r.xrevrange(gateway.keys.job_events(job_id), count=1)[0][0].decode()
+    newest: Any = r.xrevrange(gateway.keys.job_events(job_id), count=1)
+    done_id = newest[0][0].decode()
     events = await asyncio.wait_for(
         read_sse(client, f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": done_id}), 0.9
     )

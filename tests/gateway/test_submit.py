@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from typing import Any
 
 import httpx
 import redis
@@ -50,10 +51,10 @@ async def test_multipart_job_is_accepted_and_stored(
     assert 0 < r.ttl(keys.job(job_id)) <= gateway.settings.job_ttl_s
     assert r.get(keys.image(digest)) == JPEG
     assert 0 < r.ttl(keys.image(digest)) <= gateway.settings.image_ttl_s
-    events = r.xrange(keys.job_events(job_id))
+    events: Any = r.xrange(keys.job_events(job_id))
     assert [JobEvent.from_fields(f).status for _, f in events] == [JobStatus.QUEUED]
     assert job_id in decode_tasks(r, gateway.key_prefix)
-    session = r.hgetall(keys.session(body["session_id"]))
+    session: Any = r.hgetall(keys.session(body["session_id"]))
     assert session[b"image_digest"].decode() == digest
 
 
@@ -97,7 +98,8 @@ async def test_session_turn_without_image_uses_session_image(
     from shared.sessions import session_fields
 
     spec1 = JobRecord.from_hash(r.hgetall(gateway.keys.job(first["id"]))).spec
-    r.hset(gateway.keys.session(sid), mapping=session_fields(spec1, "Red."))
+    fields: Any = session_fields(spec1, "Red.")
+    r.hset(gateway.keys.session(sid), mapping=fields)
     resp = await client.post("/v1/jobs", json={"prompt": "And the circle?", "session_id": sid})
     assert resp.status_code == 202, resp.text
     assert resp.json()["session_id"] == sid

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from typing import Any
 
 import redis
 
@@ -42,7 +43,8 @@ def set_status(r: redis.Redis, keys: Keys, job_id: str, status: JobStatus, attem
 
 def emit_token(r: redis.Redis, keys: Keys, job_id: str, text: str, index: int, attempt: int = 1) -> str:
     event = JobEvent(type="token", attempt=attempt, text=text, token_ids=[100 + index], index=index)
-    entry_id = r.xadd(keys.job_events(job_id), event.to_fields(), maxlen=EVENTS_MAXLEN, approximate=True)
+    fields: dict[Any, Any] = dict(event.to_fields())
+    entry_id: Any = r.xadd(keys.job_events(job_id), fields, maxlen=EVENTS_MAXLEN, approximate=True)
     r.publish(keys.job_wake(job_id), entry_id)
     return entry_id.decode()
 

@@ -83,6 +83,7 @@ def test_job_done_equals_engine_generate_sync(
     ]
     assert events[-1].type == "done" and events[-1].final_text == text
     # session turn and result cache written on done; stream entry acknowledged and removed
+    assert spec.session_id is not None
     session = inference_stack.redis.hgetall(inference_stack.keys.session(spec.session_id))
     turns = load_messages(session[b"messages"])
     assert [t.role for t in turns] == ["user", "assistant"] and turns[-1].text == text
@@ -179,3 +180,55 @@ def test_sigterm_finishes_in_flight_jobs_then_exits(inference_stack: ServiceStac
 def _heartbeat(stack: ServiceStack) -> dict:
     key = next(iter(stack.redis.scan_iter(match=stack.keys.worker_pattern())))
     return json.loads(stack.redis.get(key))
+
+
+def test_malformed_job_fails_without_crashing_the_worker(inference_stack: ServiceStack) -> None:
+    r, keys = inference_stack.redis, inference_stack.keys
+    job_id = J.uuid.uuid4().hex
+    now = str(time.time())
+    r.hset(keys.job(job_id), mapping={"spec": '{"job_id": 1}', "status": "waiting", "created_at": now})
+    r.xadd(keys.inference_stream(), {"job_id": job_id})
+    pid = inference_stack.procs["inference"].pid
+    wait_for(lambda: r.hget(keys.job(job_id), "status") == b"failed", 10, what="malformed job failed")
+    assert b"internal error" in r.hget(keys.job(job_id), "error")
+    follow_up = submit(inference_stack, max_tokens=2, seed=8)
+    assert finished(inference_stack, follow_up.job_id) is JobStatus.DONE
+    assert inference_stack.procs["inference"].pid == pid and inference_stack.procs["inference"].alive()
+
+
+def test_retry_that_diverges_from_streamed_tokens_fails_instead_of_mixing(
+    inference_stack: ServiceStack,
+) -> None:
+    """An earlier attempt streamed a token this attempt does not reproduce: fail, never mix attempts."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    data = J.image_bytes("JPEG", (320, 240), seed=21)
+    spec = J.make_spec(digest=J.store_image(r, keys, data), max_tokens=20)
+    J.create_job(r, keys, spec)
+    r.hset(keys.job(spec.job_id), "attempt", 1)  # attempt 1 died after streaming one token
+    r.xadd(
+        keys.job_events(spec.job_id),
+        JobEvent(type="token", attempt=1, text="?", token_ids=[639], index=0).to_fields(),
+    )
+    inference_stack.enqueue_decode(spec.job_id)
+    assert finished(inference_stack, spec.job_id) is JobStatus.FAILED
+    record = J.job(r, keys, spec.job_id)
+    assert record.attempt == 2 and "diverged" in (record.error or "")
+    assert [e.attempt for e in tokens(inference_stack, spec.job_id)] == [1]  # nothing of attempt 2 published
+
+
+def test_second_sigterm_releases_in_flight_jobs_to_another_worker(inference_stack: ServiceStack) -> None:
+    """Stop now (drain cut short): the job goes back to waiting, a new worker claims and finishes it."""
+    spec = submit(inference_stack, max_tokens=500, seed=9)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 3, 60, interval_s=0.005, what="tokens")
+    proc = inference_stack.procs["inference"]
+    proc.signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    if J.job_status(inference_stack.redis, inference_stack.keys, spec.job_id) is JobStatus.DONE:
+        pytest.skip("the job finished before the second signal landed")
+    assert J.job_status(inference_stack.redis, inference_stack.keys, spec.job_id) is JobStatus.WAITING
+    inference_stack.restart("inference")
+    assert finished(inference_stack, spec.job_id, 60) is JobStatus.DONE
+    assert J.job(inference_stack.redis, inference_stack.keys, spec.job_id).attempt == 2
+    assert len(assert_stream_is_whole(inference_stack, spec.job_id)) == 500

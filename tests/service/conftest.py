@@ -29,16 +29,22 @@ class Reference:
 
     def __init__(self, model_path: str) -> None:
         self.engine = Engine.from_pretrained(
-            EngineConfig(model_path=model_path, device="cpu", prefix_cache=False, session_cache=False,
-                         image_cache=False)
+            EngineConfig(
+                model_path=model_path,
+                device="cpu",
+                prefix_cache=False,
+                session_cache=False,
+                image_cache=False,
+            )
         )
         self.processor = ImageProcessorHandle.load(model_path)
         self.settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
         self.engine.start()
 
     def tensors(self, data: bytes) -> dict[str, Any]:
-        img = decode_image(data, self.settings.max_image_pixels, self.processor.target_pixels,
-                           draft=self.settings.jpeg_draft)
+        img = decode_image(
+            data, self.settings.max_image_pixels, self.processor.target_pixels, draft=self.settings.jpeg_draft
+        )
         return unpack_tensors(pack_tensors(self.processor(img)))  # the same float16 wire trip
 
     def answer(self, spec: JobSpec, data: bytes | None) -> str:

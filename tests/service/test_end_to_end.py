@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import re
+from typing import Any
 
 import httpx
 import openai
@@ -20,11 +21,20 @@ from tests.support.stack import ServiceStack
 NO_CACHE = {"Cache-Control": "no-cache"}
 
 
-async def submit(client: httpx.AsyncClient, data: bytes, prompt: str, headers: dict[str, str] | None = None,
-                 **fields: object) -> dict[str, object]:
+async def submit(
+    client: httpx.AsyncClient,
+    data: bytes,
+    prompt: str,
+    headers: dict[str, str] | None = None,
+    **fields: object,
+) -> dict[str, object]:
     form = {"prompt": prompt, "max_tokens": "12", **{k: str(v) for k, v in fields.items()}}
-    resp = await client.post("/v1/jobs", data=form, files={"image": ("i.jpg", data, "image/jpeg")},
-                             headers=headers if headers is not None else NO_CACHE)
+    resp = await client.post(
+        "/v1/jobs",
+        data=form,
+        files={"image": ("i.jpg", data, "image/jpeg")},
+        headers=headers if headers is not None else NO_CACHE,
+    )
     assert resp.status_code == 202, resp.text
     return resp.json()
 
@@ -33,8 +43,9 @@ def spec_of(stack: ServiceStack, job_id: str) -> JobRecord:
     return JobRecord.from_hash(stack.redis.hgetall(stack.keys.job(job_id)))
 
 
-async def test_answer_matches_engine(client: httpx.AsyncClient, service_stack: ServiceStack,
-                                     reference: Reference) -> None:
+async def test_answer_matches_engine(
+    client: httpx.AsyncClient, service_stack: ServiceStack, reference: Reference
+) -> None:
     data = image_bytes("JPEG", (480, 320), seed=11)
     job = await submit(client, data, "What colour is the square?")
     view = await wait_done(client, str(job["id"]))
@@ -46,10 +57,16 @@ async def test_answer_matches_engine(client: httpx.AsyncClient, service_stack: S
     assert view["usage"]["completion_tokens"] > 0
 
 
-async def test_ws_and_sse_same_text_and_resume(client: httpx.AsyncClient, service_stack: ServiceStack) -> None:
+async def test_ws_and_sse_same_text_and_resume(
+    client: httpx.AsyncClient, service_stack: ServiceStack
+) -> None:
     data = image_bytes("PNG", (256, 256), seed=12)
-    resp = await client.post("/v1/jobs", data={"prompt": "Describe the picture.", "max_tokens": "24"},
-                             files={"image": ("i.png", data, "image/png")}, headers=NO_CACHE)
+    resp = await client.post(
+        "/v1/jobs",
+        data={"prompt": "Describe the picture.", "max_tokens": "24"},
+        files={"image": ("i.png", data, "image/png")},
+        headers=NO_CACHE,
+    )
     job_id = resp.json()["id"]
     ws_task = asyncio.create_task(read_ws(f"{service_stack.ws_url}/v1/jobs/{job_id}/stream"))
     sse_events = await read_sse(client, f"/v1/jobs/{job_id}/events")
@@ -62,23 +79,38 @@ async def test_ws_and_sse_same_text_and_resume(client: httpx.AsyncClient, servic
     token_ids = [e["id"] for e in sse_data if e["type"] == "token"]
     for k in (1, len(token_ids) // 2):
         first = sse_data[: [e["id"] for e in sse_data].index(token_ids[k - 1]) + 1]
-        rest = await read_sse(client, f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": token_ids[k - 1]})
+        rest = await read_sse(
+            client, f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": token_ids[k - 1]}
+        )
         assert token_text(first) + token_text([e["data"] for e in rest]) == final
-        resumed_ws, _ = await read_ws(f"{service_stack.ws_url}/v1/jobs/{job_id}/stream?last_event_id={token_ids[k - 1]}")
+        resumed_ws, _ = await read_ws(
+            f"{service_stack.ws_url}/v1/jobs/{job_id}/stream?last_event_id={token_ids[k - 1]}"
+        )
         assert token_text(first) + token_text(resumed_ws) == final
 
 
-async def test_openai_client(service_stack: ServiceStack, client: httpx.AsyncClient, reference: Reference) -> None:
+async def test_openai_client(
+    service_stack: ServiceStack, client: httpx.AsyncClient, reference: Reference
+) -> None:
     data = image_bytes("JPEG", (320, 240), seed=13)
     url = "data:image/jpeg;base64," + base64.b64encode(data).decode()
-    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                             {"type": "text", "text": "How many shapes are there?"}]}]
+    messages: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "How many shapes are there?"},
+            ],
+        }
+    ]
     model = service_stack.settings.model_name
     async with openai.AsyncOpenAI(base_url=f"{service_stack.base_url}/v1", api_key="sk-none") as oai:
-        full = await oai.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
-                                                 extra_headers=NO_CACHE)
-        stream = await oai.chat.completions.create(model=model, messages=messages, max_tokens=12, stream=True,  # type: ignore[arg-type]
-                                                   extra_headers=NO_CACHE)
+        full = await oai.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, temperature=0, extra_headers=NO_CACHE
+        )
+        stream: Any = await oai.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, stream=True, extra_headers=NO_CACHE
+        )
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     text = full.choices[0].message.content
     spec = spec_of(service_stack, full.id.removeprefix("chatcmpl-")).spec
@@ -92,9 +124,9 @@ async def test_openai_client(service_stack: ServiceStack, client: httpx.AsyncCli
 def metric(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
+        named = line.startswith((name + "{", name + " "))
+        if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -102,16 +134,20 @@ async def session_hits(client: httpx.AsyncClient) -> float:
     return metric((await client.get("/metrics")).text, "vlmq_engine_caches_session_hits")
 
 
-async def test_two_turn_session_uses_session_cache(client: httpx.AsyncClient, service_stack: ServiceStack,
-                                                   reference: Reference) -> None:
+async def test_two_turn_session_uses_session_cache(
+    client: httpx.AsyncClient, service_stack: ServiceStack, reference: Reference
+) -> None:
     data = image_bytes("JPEG", (300, 300), seed=14)
     first = await submit(client, data, "What colour is the square?", max_tokens=8)
     view1 = await wait_done(client, str(first["id"]))
     assert view1["status"] == "done"
     await asyncio.sleep(1.2)  # two heartbeats: the stats include turn 1
     hits_before = await session_hits(client)
-    resp = await client.post("/v1/jobs", json={"prompt": "And the circle?", "session_id": first["session_id"],
-                                               "max_tokens": 8}, headers=NO_CACHE)
+    resp = await client.post(
+        "/v1/jobs",
+        json={"prompt": "And the circle?", "session_id": first["session_id"], "max_tokens": 8},
+        headers=NO_CACHE,
+    )
     assert resp.status_code == 202, resp.text
     view2 = await wait_done(client, resp.json()["id"])
     spec2 = spec_of(service_stack, resp.json()["id"]).spec
@@ -140,11 +176,14 @@ async def test_fifty_concurrent_jobs(client: httpx.AsyncClient) -> None:
 
 
 async def test_corrupt_image_body_fails_clearly(client: httpx.AsyncClient) -> None:
-    truncated = image_bytes("JPEG", (400, 300), seed=15)[:600]  # header fine, data cut off
+    full = image_bytes("JPEG", (400, 300), seed=15)
+    truncated = full[: len(full) // 3]  # header fine, data cut off
     job = await submit(client, truncated, "What is it?")
     view = await wait_done(client, str(job["id"]))
     assert view["status"] == "failed" and re.search(r"corrupt|truncated", view["error"], re.I)
-    resp = await client.post("/v1/jobs", data={"prompt": "x"}, files={"image": ("a.png", b"GIF89a....", "image/png")})
+    resp = await client.post(
+        "/v1/jobs", data={"prompt": "x"}, files={"image": ("a.png", b"GIF89a....", "image/png")}
+    )
     assert resp.status_code == 415 and "JPEG, PNG, WebP" in resp.json()["error"]["message"]
 
 
@@ -153,12 +192,19 @@ async def test_result_cache(client: httpx.AsyncClient, service_stack: ServiceSta
     first = await submit(client, data, "Cache me?", headers={}, session_id="cache-a")
     assert (await wait_done(client, str(first["id"])))["status"] == "done"
     text = (await wait_done(client, str(first["id"])))["final_text"]
-    hit = await client.post("/v1/jobs", data={"prompt": "Cache me?", "max_tokens": "12", "session_id": "cache-b"},
-                            files={"image": ("i.jpg", data, "image/jpeg")})
+    hit = await client.post(
+        "/v1/jobs",
+        data={"prompt": "Cache me?", "max_tokens": "12", "session_id": "cache-b"},
+        files={"image": ("i.jpg", data, "image/jpeg")},
+    )
     assert hit.json()["status"] == "done" and hit.json()["text"] == text
     assert hit.headers["cache-control"].startswith("public, max-age=")
-    bypass = await client.post("/v1/jobs", data={"prompt": "Cache me?", "max_tokens": "12", "session_id": "cache-c"},
-                               files={"image": ("i.jpg", data, "image/jpeg")}, headers=NO_CACHE)
+    bypass = await client.post(
+        "/v1/jobs",
+        data={"prompt": "Cache me?", "max_tokens": "12", "session_id": "cache-c"},
+        files={"image": ("i.jpg", data, "image/jpeg")},
+        headers=NO_CACHE,
+    )
     assert bypass.json()["status"] == "queued" and "public" not in bypass.headers["cache-control"]
     assert (await wait_done(client, bypass.json()["id"]))["final_text"] == text
 

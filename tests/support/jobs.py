@@ -6,8 +6,8 @@ import hashlib
 import io
 import time
 import uuid
+from typing import Any
 
-import redis
 from PIL import Image
 
 from shared.jobs import JobRecord, new_job_hash
@@ -53,13 +53,13 @@ def make_spec(
     )
 
 
-def store_image(r: redis.Redis, keys: Keys, data: bytes, ttl_s: int = 900) -> str:
+def store_image(r: Any, keys: Keys, data: bytes, ttl_s: int = 900) -> str:
     digest = hashlib.sha256(data).hexdigest()
     r.set(keys.image(digest), data, ex=ttl_s, nx=True)
     return digest
 
 
-def create_job(r: redis.Redis, keys: Keys, spec: JobSpec, ttl_s: int = 3600) -> str:
+def create_job(r: Any, keys: Keys, spec: JobSpec, ttl_s: int = 3600) -> str:
     """Job hash + queued event, as the gateway writes them (without enqueueing anything)."""
     job_key = keys.job(spec.job_id)
     r.hset(job_key, mapping=new_job_hash(spec))
@@ -68,14 +68,14 @@ def create_job(r: redis.Redis, keys: Keys, spec: JobSpec, ttl_s: int = 3600) -> 
     return spec.job_id
 
 
-def job(r: redis.Redis, keys: Keys, job_id: str) -> JobRecord:
+def job(r: Any, keys: Keys, job_id: str) -> JobRecord:
     return JobRecord.from_hash(r.hgetall(keys.job(job_id)))
 
 
-def job_status(r: redis.Redis, keys: Keys, job_id: str) -> JobStatus | None:
+def job_status(r: Any, keys: Keys, job_id: str) -> JobStatus | None:
     raw = r.hget(keys.job(job_id), "status")
     return JobStatus(raw.decode()) if raw else None
 
 
-def events(r: redis.Redis, keys: Keys, job_id: str) -> list[JobEvent]:
+def events(r: Any, keys: Keys, job_id: str) -> list[JobEvent]:
     return [JobEvent.from_fields(fields) for _id, fields in r.xrange(keys.job_events(job_id))]

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -73,9 +74,9 @@ class ServiceStack:
     ) -> None:
         self.key_prefix = key_prefix or f"vlmqtest-{uuid.uuid4().hex[:8]}"
         self.env = base_env(redis_url, self.key_prefix, extra_env)
-        self.settings = GatewaySettings(_env_file=None, **_settings_kwargs(self.env))  # type: ignore[call-arg]
+        self.settings = GatewaySettings.model_validate(_settings_kwargs(self.env))  # exactly the stack's env
         self.keys: Keys = self.settings.keys
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis: Any = redis.Redis.from_url(redis_url)  # Any: redis-py's unions get in the way in tests
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -144,7 +145,7 @@ class ServiceStack:
     def celery_app(self) -> Celery:
         """A Celery app with this stack's settings (broker, key prefix); made once."""
         if self._celery is None:
-            settings = DecodeWorkerSettings(_env_file=None, **_settings_kwargs(self.env))  # type: ignore[call-arg]
+            settings = DecodeWorkerSettings.model_validate(_settings_kwargs(self.env))
             self._celery = make_app(settings)
         return self._celery
 

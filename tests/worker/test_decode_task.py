@@ -56,6 +56,7 @@ def test_images_become_the_processors_tensor(decode_stack: ServiceStack) -> None
     for name, job_id in ids.items():
         assert settled(decode_stack, job_id) is JobStatus.WAITING, name
         digest = J.job(decode_stack.redis, decode_stack.keys, job_id).spec.image_digest
+        assert digest is not None
         payload = decode_stack.redis.get(decode_stack.keys.tensor(digest, handle.processor_id))
         assert payload is not None, f"{name}: no tensor under the processor's id"
         got = unpack_tensors(payload)
@@ -99,6 +100,7 @@ def test_expired_and_cancelled_jobs_are_never_decoded(decode_stack: ServiceStack
     assert settled(decode_stack, expired) is JobStatus.EXPIRED
     assert settled(decode_stack, spec.job_id) is JobStatus.CANCELLED
     digest = spec.image_digest
+    assert digest is not None
     assert not list(decode_stack.redis.scan_iter(match=decode_stack.keys.tensor(digest, "*")))
     assert not _in_stream(decode_stack, expired) and not _in_stream(decode_stack, spec.job_id)
 

@@ -1,0 +1,375 @@
+"""End-to-end service benchmark: vlmq (gateway + Celery decode + inference worker) beside
+``transformers serve`` (a peer), same checkpoint, same requests, same ``openai``-client load.
+
+    python -m bench.service_bench [--quick] [--levels 1,8,32] [--model PATH]
+
+Closed loop at each concurrency: every client sends its next request when the previous one
+ends. Per level, three runs: the peer through the openai client (streaming), vlmq through
+the openai client (streaming), vlmq over ``/v1/chat/ws`` (TTFT over WebSocket, per-stage
+timings from the done event). Pipeline overhead: vlmq's end-to-end time at concurrency 1
+minus the engine-only time (``Engine.generate_sync`` in process) for the same requests.
+Greedy, ``max_tokens`` 16, result cache bypassed. Writes bench/results/service_bench.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
+from scripts.redis_launcher import free_port, start_redis
+from tests.support.models import test_model_path
+from tests.support.stack import ALL, ServiceStack
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+NO_CACHE = {"Cache-Control": "no-cache"}
+MODES = ("peer-openai", "vlmq-openai", "vlmq-ws")
+
+
+# --- servers ---
+class Peer:
+    """``transformers serve`` in a subprocess that first imports ``services`` (processor class)."""
+
+    def __init__(self, model: str, threads: int, log: Path) -> None:
+        self.model, self.port, self.log = model, free_port(), log
+        code = (
+            "import sys, services\nfrom transformers.cli.transformers import main\n"
+            f"sys.argv = ['transformers', 'serve', {model!r}, '--host', '127.0.0.1', '--port', '{self.port}',"
+            " '--device', 'cpu', '--log-level', 'warning']\nmain()"
+        )
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/v1/models", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("transformers serve not ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# --- clients ---
+async def openai_call(client: openai.AsyncOpenAI, model: str, req: BenchRequest) -> Sample:
+    start, ttft, parts = time.perf_counter(), None, []
+    messages: Any = req.openai_messages()
+    try:
+        stream: Any = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_headers=NO_CACHE,
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                ttft = ttft if ttft is not None else time.perf_counter() - start
+                parts.append(chunk.choices[0].delta.content)
+    except openai.APIError as exc:
+        return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error=str(exc))
+    return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts))
+
+
+async def ws_call(ws: ClientConnection, req: BenchRequest) -> Sample:
+    """One job over an open ``/v1/chat/ws`` connection: submit, stream to the done event."""
+    start, ttft, parts = time.perf_counter(), None, []
+    await ws.send(
+        json.dumps(
+            {"prompt": req.question, "image": req.data_url, "max_tokens": MAX_TOKENS, "no_cache": True}
+        )
+    )
+    while True:
+        event = json.loads(await ws.recv())
+        if event["type"] == "token" and event.get("text"):
+            ttft = ttft if ttft is not None else time.perf_counter() - start
+            parts.append(event["text"])
+        elif event["type"] == "done":
+            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), event.get("timings"))
+        elif event["type"] == "error" or event.get("status") in ("failed", "cancelled", "expired"):
+            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error=str(event))
+
+
+async def closed_loop(
+    requests: list[BenchRequest],
+    concurrency: int,
+    make_client: Callable[[], Awaitable[Callable[[BenchRequest], Awaitable[Sample]]]],
+) -> tuple[list[Sample], float]:
+    queue = list(reversed(requests))
+    samples: list[Sample] = []
+
+    async def client() -> None:
+        call = await make_client()
+        while queue:
+            samples.append(await call(queue.pop()))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return sorted(samples, key=lambda s: s.index), time.perf_counter() - start
+
+
+async def run_mode(
+    mode: str,
+    stack: ServiceStack,
+    peer: Peer,
+    model_name: str,
+    peer_model: str,
+    requests: list[BenchRequest],
+    concurrency: int,
+) -> tuple[list[Sample], float]:
+    if mode == "vlmq-ws":
+        sockets: list[ClientConnection] = []
+
+        async def ws_client() -> Callable[[BenchRequest], Awaitable[Sample]]:
+            ws = await connect(f"{stack.ws_url}/v1/chat/ws", max_size=None)
+            sockets.append(ws)
+            return lambda req: ws_call(ws, req)
+
+        try:
+            return await closed_loop(requests, concurrency, ws_client)
+        finally:
+            for ws in sockets:
+                await ws.close()
+    base, name = (peer.base_url, peer_model) if mode == "peer-openai" else (stack.base_url, model_name)
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="bench", timeout=300, max_retries=0)
+
+    async def oai_client() -> Callable[[BenchRequest], Awaitable[Sample]]:
+        return lambda req: openai_call(client, name, req)
+
+    try:
+        return await closed_loop(requests, concurrency, oai_client)
+    finally:
+        await client.close()
+
+
+# --- engine only ---
+def engine_only(model: str, requests: list[BenchRequest]) -> list[tuple[float, str]]:
+    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does)."""
+    import services  # noqa: F401  (registers the processor)
+    from services.engine import Engine, EngineConfig
+    from services.worker.requests import build_request, image_input
+    from shared.config import DecodeWorkerSettings
+    from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+    from shared.tensors import pack_tensors, unpack_tensors
+    from worker.imaging import ImageProcessorHandle, decode_image
+
+    engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
+    engine.prewarm()
+    engine.start()
+    handle = ImageProcessorHandle.load(model)
+    settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
+    out: list[tuple[float, str]] = []
+    try:
+        for req in [requests[0], *requests]:  # the first run warms up and is dropped
+            img = decode_image(
+                req.image, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft
+            )
+            tensors = unpack_tensors(pack_tensors(handle(img)))
+            spec = JobSpec(
+                job_id=f"e{req.index}",
+                created_at=time.time(),
+                messages=[ChatTurn(role="user", text=req.question, image=True)],
+                sampling=SamplingSpec(max_tokens=MAX_TOKENS),
+            )
+            request = build_request(
+                spec, f"engine-{len(out)}", image_input(tensors, hashlib.sha256(req.image).hexdigest())
+            )
+            start = time.perf_counter()
+            events = engine.generate_sync(request, timeout_s=120)
+            out.append((time.perf_counter() - start, "".join(e.text for e in events)))
+    finally:
+        engine.stop()
+    return out[1:]
+
+
+# --- report ---
+def overhead(samples: list[Sample], engine: list[tuple[float, str]]) -> dict[str, float | None]:
+    diffs = [s.e2e - engine[i][0] for i, s in enumerate(samples) if s.error is None]
+    return {
+        "engine_p50": statistics.median(t for t, _ in engine),
+        "e2e_p50": pct([s.e2e for s in samples], 50),
+        "overhead_p50": pct(diffs, 50),
+        "overhead_p90": pct(diffs, 90),
+    }
+
+
+def agreement(a: list[Sample], b: list[Sample]) -> dict[str, Any]:
+    pairs = list(zip(a, b, strict=True))
+    same = sum(x.text.strip() == y.text.strip() for x, y in pairs)
+    mismatches = [
+        {"index": x.index, "a": x.text, "b": y.text} for x, y in pairs if x.text.strip() != y.text.strip()
+    ]
+    return {"compared": len(pairs), "identical": same, "mismatches": mismatches[:5]}
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# Service benchmark ({result['when']}, {result['machine']})",
+        "",
+        f"model `{result['model']}`, max_tokens {MAX_TOKENS}, greedy, JPEG 320-1024 px, closed loop",
+        "",
+        "| server | conc | req | QPS | e2e p50 | p90 | p99 | TTFT p50 | p90 | p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["runs"]:
+        s = row["summary"]
+        lines.append(
+            f"| {row['mode']} | {row['concurrency']} | {s['requests']} | {s['qps']:.2f} | "
+            f"{ms(s['e2e_p50'])} | {ms(s['e2e_p90'])} | {ms(s['e2e_p99'])} | {ms(s['ttft_p50'])} | "
+            f"{ms(s['ttft_p90'])} | {ms(s['ttft_p99'])} |"
+        )
+    lines += [
+        "",
+        "Times in ms. vlmq per-stage p50 (vlmq-ws, server-side):",
+        "",
+        "| conc | " + " | ".join(result["stage_names"]) + " |",
+        "|---|" + "---|" * len(result["stage_names"]),
+    ]
+    for row in result["runs"]:
+        if row["mode"] == "vlmq-ws" and "stages_p50" in row["summary"]:
+            stages = row["summary"]["stages_p50"]
+            lines.append(
+                f"| {row['concurrency']} | " + " | ".join(ms(stages[k]) for k in result["stage_names"]) + " |"
+            )
+    o = result["overhead"]
+    lines += [
+        "",
+        f"Pipeline overhead at concurrency 1 (vlmq-ws e2e minus engine-only, same requests): "
+        f"p50 {ms(o['overhead_p50'])} ms, p90 {ms(o['overhead_p90'])} ms "
+        f"(engine-only p50 {ms(o['engine_p50'])} ms, e2e p50 {ms(o['e2e_p50'])} ms).",
+        f"Answers: vlmq vs transformers serve identical {result['agreement']['identical']}/"
+        f"{result['agreement']['compared']}; vlmq vs engine-only identical "
+        f"{result['engine_agreement']['identical']}/{result['engine_agreement']['compared']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> dict[str, Any]:
+    per_level = {c: max(args.requests, 2 * c) for c in args.levels}
+    runs: list[dict[str, Any]] = []
+    c1: dict[str, tuple[list[BenchRequest], list[Sample]]] = {}
+    warm = make_requests(2, seed=999)
+    for mode in MODES:  # warm-up: model loads, first-request costs
+        await run_mode(mode, stack, peer, stack.settings.model_name, args.model, warm, 1)
+    for c in args.levels:
+        shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
+        for mode in MODES:
+            requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
+            samples, wall = await run_mode(
+                mode, stack, peer, stack.settings.model_name, args.model, requests, c
+            )
+            summary = summarize(samples, wall)
+            print(
+                f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}"
+            )
+            runs.append({"mode": mode, "concurrency": c, "summary": summary})
+            if c == 1:
+                c1[mode] = (requests, samples)
+    return {"runs": runs, "c1": c1}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--levels", default="1,8,32", help="concurrency levels")
+    parser.add_argument("--model", default=str(test_model_path()), help="checkpoint served by both")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    args = parser.parse_args()
+    args.levels = [int(x) for x in args.levels.split(",")]
+    args.requests = 6 if args.quick else 16
+    logs = Path(tempfile.mkdtemp(prefix="vlmq-bench-"))
+    redis_server = start_redis()
+    env = {
+        "VLMQ_MODEL": args.model,
+        "VLMQ_DECODE_CONCURRENCY": "2",
+        "OMP_NUM_THREADS": str(args.threads),
+        "VLMQ_LOG_LEVEL": "WARNING",
+    }
+    stack = ServiceStack(redis_server.url, logs, extra_env=env, components=ALL)
+    peer = Peer(args.model, args.threads, logs / "transformers-serve.log")
+    try:
+        stack.start()
+        peer.wait_ready()
+        measured = asyncio.run(measure(args, stack, peer))
+    finally:
+        peer.stop()
+        stack.stop()
+        redis_server.stop()
+    ws_requests, ws_samples = measured["c1"]["vlmq-ws"]
+    engine = engine_only(args.model, ws_requests)
+    peer_c1, vlmq_c1 = measured["c1"]["peer-openai"][1], measured["c1"]["vlmq-openai"][1]
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s) per server",
+        "model": args.model,
+        "max_tokens": MAX_TOKENS,
+        "levels": args.levels,
+        "runs": measured["runs"],
+        "stage_names": ["queue", "decode", "wait", "vision", "prefill", "generation", "ttft", "total"],
+        "overhead": overhead(ws_samples, engine),
+        "agreement": agreement(vlmq_c1, peer_c1),
+        "engine_agreement": agreement(
+            ws_samples, [Sample(i, t, None, text) for i, (t, text) in enumerate(engine)]
+        ),
+        "logs": str(logs),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "service_bench_quick" if args.quick else "service_bench"
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
