@@ -23,6 +23,7 @@ from services.model.loading import load_model
 from services.model.quantization import model_size_bytes
 from tinyvlm import data, evalsets
 from tinyvlm.evalsets import EvalSet, Item
+from tinyvlm.questions import Turn
 
 MODES = ("none", "bf16", "int8", "int4")
 LABELS = {"none": "fp32", "bf16": "bf16", "int8": "int8", "int4": "int4"}
@@ -41,20 +42,21 @@ def answer_batch(
     return [a.strip() for a in processor.batch_decode(new, skip_special_tokens=True)]
 
 
-def run_conversations(model: Any, processor: Any, batch: list[Item], images: list[Any]) -> list[list[str]]:
+def run_conversations(
+    model: Any, processor: Any, convs: list[list[Turn]], images: list[Any]
+) -> list[list[str]]:
     """Answers turn by turn; each turn's history holds the model's previous answers."""
-    answers: list[list[str]] = [[] for _ in batch]
-    for turn in range(max(len(item.turns) for item in batch)):
-        live = [i for i, item in enumerate(batch) if len(item.turns) > turn]
+    answers: list[list[str]] = [[] for _ in convs]
+    for turn in range(max(len(turns) for turns in convs)):
+        live = [i for i, turns in enumerate(convs) if len(turns) > turn]
         histories = []
         for i in live:
-            history = data.messages(batch[i].turns[: turn + 1], with_answers=True)
+            history = data.messages(convs[i][: turn + 1], with_answers=True)
             for k, given in enumerate(answers[i]):
                 history[2 * k + 1]["content"] = given
             histories.append(history[:-1])  # drop this turn's gold answer
-        for i, answer in zip(
-            live, answer_batch(model, processor, [images[i] for i in live], histories), strict=True
-        ):
+        given_now = answer_batch(model, processor, [images[i] for i in live], histories)
+        for i, answer in zip(live, given_now, strict=True):
             answers[i].append(answer)
     return answers
 
@@ -88,7 +90,7 @@ def evaluate_set(
         images = [evalsets.client_image(item, seed=start + i) for i, item in enumerate(chunk)]
         for mode, (model, processor) in models.items():
             began = time.time()
-            answers = run_conversations(model, processor, chunk, images)
+            answers = run_conversations(model, processor, [item.turns for item in chunk], images)
             seconds[mode] += time.time() - began
             for item, given in zip(chunk, answers, strict=True):
                 tallies[mode].add(item, given)
@@ -96,16 +98,20 @@ def evaluate_set(
 
 
 def table(results: dict[str, dict[str, dict]], modes: list[str]) -> str:
-    """Markdown table: one row per metric, one column per (set, mode)."""
-    cols = [(s, m) for s in results for m in modes]
-    keys = sorted({k for s in results for m in modes for k in results[s][m] if k != "seconds"})
+    """Markdown table: one row per metric; per set, its question count then one column per mode."""
+    keys = sorted({k for r in results.values() for m in modes for k in r[m] if k != "seconds"})
     keys.sort(key=lambda k: (k != "overall", k.split("/")[0], k))
-    head = "| metric | " + " | ".join(f"{s} {LABELS[m]}" for s, m in cols) + " |"
-    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    head = ["metric"]
+    for name in results:
+        head += [f"{name} n"] + [f"{name} {LABELS[m]}" for m in modes]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in keys:
-        cells = [f"{results[s][m][key]['acc']:.1f}" if key in results[s][m] else "-" for s, m in cols]
-        n = next(results[s][m][key]["n"] for s, m in cols if key in results[s][m])
-        lines.append(f"| {key} (n={n}) | " + " | ".join(cells) + " |")
+        cells = [key]
+        for r in results.values():
+            first = r[modes[0]].get(key)
+            cells.append(str(first["n"]) if first else "-")
+            cells += [f"{r[m][key]['acc']:.1f}" if key in r[m] else "-" for m in modes]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

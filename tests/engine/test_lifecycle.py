@@ -24,11 +24,12 @@ from tests.engine.reference import run_all, tokens_of, user
 
 
 def _req(proc: Any, rid: str, max_tokens: int = 8, **kw: Any) -> GenerationRequest:
+    """Long requests ignore EOS so they keep running whatever the (trained) model answers."""
     return GenerationRequest(
         rid,
         [user("What colour is the circle?")],
         [image_input(proc, draw_image(1))],
-        SamplingParams(max_tokens=max_tokens),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=max_tokens > 8),
         **kw,
     )
 
@@ -245,3 +246,23 @@ async def test_async_generate_and_early_exit_cancels(bundled, make_engine):
             break
         await asyncio.sleep(0.02)
     assert engine.stats().running == 0 and engine.stats().finished.get("cancelled") == 1
+
+
+def test_admission_is_fifo(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, max_batch=2, batch_window_ms=0)
+    order: list[str] = []
+    done = threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        if ev.index == 0 and ev.token_ids:
+            order.append(ev.request_id)
+        if ev.finished:
+            done.release()
+
+    names = [f"q{i}" for i in range(6)]
+    for rid in names:
+        engine.submit(_req(proc, rid, max_tokens=12), on_event)
+    for _ in names:
+        assert done.acquire(timeout=60)
+    assert order == names

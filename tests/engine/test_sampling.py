@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -23,15 +24,16 @@ def _req(proc: Any, rid: str, sampling: SamplingParams) -> GenerationRequest:
 def test_seeded_sampling_does_not_depend_on_the_batch(bundled, make_engine):
     model, proc = bundled
     engine = make_engine(model, proc)
-    params = SamplingParams(max_tokens=16, temperature=1.5, top_p=0.9, top_k=50, seed=1234)
+    params = SamplingParams(max_tokens=16, temperature=1.5, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
     alone = tokens_of(engine.generate_sync(_req(proc, "alone", params)))
     others = [_req(proc, f"o{i}", SamplingParams(max_tokens=16, temperature=1.0, seed=i)) for i in range(5)]
     together = run_all(engine, [_req(proc, "batched", params), *others])
     assert tokens_of(together["batched"]) == alone
-    other_seed = tokens_of(
-        engine.generate_sync(_req(proc, "seed2", SamplingParams(16, 1.5, 0.9, 50, seed=99)))
-    )
-    assert other_seed != alone  # the seed matters (16 draws at temperature 1.5)
+    others_seeds = [
+        tokens_of(engine.generate_sync(_req(proc, f"seed{s}", dataclasses.replace(params, seed=s))))
+        for s in (7, 99, 2024)
+    ]
+    assert any(o != alone for o in others_seeds)  # the seed matters (16 draws at temperature 1.5)
 
 
 def test_top_k_one_is_greedy(bundled, make_engine):
@@ -58,9 +60,9 @@ def test_stop_string_cuts_the_text(bundled, make_engine):
     engine = make_engine(model, proc)
     full = engine.generate_sync(_req(proc, "full", SamplingParams(max_tokens=24)))
     text = "".join(e.text for e in full)
-    if len(text) < 6:
+    if len(text) < 2:
         pytest.skip("model answer too short to cut")
-    stop = text[3:6]
+    stop = text[len(text) // 2 :][:3]
     cut = engine.generate_sync(_req(proc, "cut", SamplingParams(max_tokens=24, stop=(stop,))))
     assert cut[-1].finish_reason == FinishReason.STOP
     assert "".join(e.text for e in cut) == text[: text.find(stop)]

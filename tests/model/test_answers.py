@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tinyvlm.evalsets import Item
 from tinyvlm.evaluate import run_conversations
 from tinyvlm.examples import QUESTIONS
 from tinyvlm.questions import Turn
@@ -17,12 +16,9 @@ from .conftest import EXAMPLES
 
 def ask(loaded: Callable[[str], tuple[Any, Any]], mode: str) -> list[list[str]]:
     model, processor = loaded(mode)
-    items = [
-        Item(scene=None, turns=[Turn(q, a, "", i > 0, False) for i, (q, a) in enumerate(conv)])
-        for _, conv in QUESTIONS
-    ]  # type: ignore[arg-type]
+    convs = [[Turn(q, a, "", i > 0, False) for i, (q, a) in enumerate(conv)] for _, conv in QUESTIONS]
     images = [Image.open(EXAMPLES / name).convert("RGB") for name, _ in QUESTIONS]
-    return run_conversations(model, processor, items, images)
+    return run_conversations(model, processor, convs, images)
 
 
 def expected() -> list[list[str]]:
