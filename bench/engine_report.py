@@ -77,7 +77,7 @@ def save_chart(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = [m for m in results if m != "meta"]
-    fig, axes = plt.subplots(1, len(models) + 1, figsize=(5 * (len(models) + 1), 4))
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(5 * (len(models) + 1), 5))
     for ax, model in zip(axes, models, strict=False):
         for name, rows in results[model]["throughput"]["single"].items():
             ax.plot([x["clients"] for x in rows], [x["req_per_s"] for x in rows], marker="o", label=name)
@@ -94,9 +94,7 @@ def save_chart(results: dict[str, Any], path: Path) -> None:
     for i, model in enumerate(models):
         vals = list(headline(results[model]).values())
         ax.bar([j + i * width for j in range(len(names))], vals, width, label=model)
-    ax.set_xticks(
-        [j + width / 2 for j in range(len(names))], [n.replace(" ", "\n", 1) for n in names], fontsize=7
-    )
+    ax.set_xticks([j + width / 2 for j in range(len(names))], names, fontsize=7, rotation=35, ha="right")
     ax.set(title="ratios (see targets)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()

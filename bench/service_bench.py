@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 NO_CACHE = {"Cache-Control": "no-cache"}
 MODES = ("peer-openai", "vlmq-openai", "vlmq-ws")
+REQUEST_TIMEOUT_S = 120  # a stuck request is recorded as an error, the run goes on
 
 
 # --- servers ---
@@ -117,14 +118,17 @@ async def openai_call(client: openai.AsyncOpenAI, model: str, req: BenchRequest)
 
 async def ws_call(ws: ClientConnection, req: BenchRequest) -> Sample:
     """One job over an open ``/v1/chat/ws`` connection: submit, stream to the done event."""
-    start, ttft, parts = time.perf_counter(), None, []
+    start, ttft, parts = time.perf_counter(), None, list[str]()
     await ws.send(
         json.dumps(
             {"prompt": req.question, "image": req.data_url, "max_tokens": MAX_TOKENS, "no_cache": True}
         )
     )
     while True:
-        event = json.loads(await ws.recv())
+        try:
+            event = json.loads(await asyncio.wait_for(ws.recv(), REQUEST_TIMEOUT_S))
+        except TimeoutError:
+            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error="timeout")
         if event["type"] == "token" and event.get("text"):
             ttft = ttft if ttft is not None else time.perf_counter() - start
             parts.append(event["text"])
@@ -175,7 +179,9 @@ async def run_mode(
             for ws in sockets:
                 await ws.close()
     base, name = (peer.base_url, peer_model) if mode == "peer-openai" else (stack.base_url, model_name)
-    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="bench", timeout=300, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=f"{base}/v1", api_key="bench", timeout=REQUEST_TIMEOUT_S, max_retries=0
+    )
 
     async def oai_client() -> Callable[[BenchRequest], Awaitable[Sample]]:
         return lambda req: openai_call(client, name, req)

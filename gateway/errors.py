@@ -66,25 +66,36 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
+def _count(request: Request, status: int) -> None:
+    """``vlmq_gateway_requests_rejected{status}`` (absent before the lifespan has run)."""
+    state = getattr(request.app.state, "gateway", None)
+    if state is not None:
+        state.metrics.rejected.labels(str(status)).inc()
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
+        _count(request, exc.status_code)
         body = error_body(exc.status_code, exc.message, exc.param, exc.code)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
+        _count(request, exc.status_code)
         body = error_body(exc.status_code, str(exc.detail))
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        _count(request, 422)
         message, param = validation_message(list(exc.errors()))
         return JSONResponse(error_body(422, message, param), status_code=422)
 
-    async def on_redis_down(_: Request, exc: Exception) -> JSONResponse:
+    async def on_redis_down(request: Request, exc: Exception) -> JSONResponse:
         # Fail fast and say why: clients retry, jobs already accepted stay in Redis.
         log.warning("redis unavailable: %s", exc)
+        _count(request, 503)
         body = error_body(503, "job store unavailable, retry shortly", code="redis_unavailable")
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 

@@ -8,7 +8,8 @@ Rules every cache follows (tests check them through ``check_integrity``):
   afterwards; readers slice them and never write in place. A checksum taken at ``put`` proves it.
 - **Counted lookups.** Every lookup counts one hit or one miss; a hit refreshes recency. An entry past
   its TTL is dropped and counts as a miss.
-- **One thread.** Only the engine thread touches a cache, so there is no lock.
+- **One writer.** The engine thread writes; the vision prefetcher only peeks. One lock per cache
+  keeps a peek from seeing the LRU order half-updated.
 
 ``PrefixCache`` (system-prompt KV, filled by prewarm), ``SessionCache`` (KV of a conversation, per
 session id, TTL) and ``ImageCache`` (vision-encoder output by the full sha256 of the image bytes).
@@ -18,6 +19,7 @@ match when the image digests match too (equal placeholder ids never imply equal 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ class BoundedCache(Generic[K, V]):
         self.capacity = capacity_bytes
         self.ttl_s = ttl_s
         self._slots: OrderedDict[K, _Slot[V]] = OrderedDict()
+        self._lock = threading.RLock()
         self.bytes = self.hits = self.misses = self.evictions = 0
 
     # hooks for subclasses
@@ -73,48 +76,55 @@ class BoundedCache(Generic[K, V]):
         """Structural check of one entry; raise CacheIntegrityError."""
 
     def get(self, key: K) -> V | None:
-        value = self.peek(key)
-        if value is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-            self._slots.move_to_end(key)
-        return value
+        with self._lock:
+            value = self.peek(key)
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._slots.move_to_end(key)
+            return value
 
     def peek(self, key: K) -> V | None:
         """Lookup without counting or refreshing recency (drops the entry if expired)."""
-        slot = self._slots.get(key)
-        if slot is not None and slot.expires_at <= time.monotonic():
-            self.pop(key)
-            return None
-        return slot.value if slot else None
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None and slot.expires_at <= time.monotonic():
+                self.pop(key)
+                return None
+            return slot.value if slot else None
 
     def put(self, key: K, value: V) -> bool:
         nbytes = sum(t.numel() * t.element_size() for t in self._tensors(value))
-        self.pop(key)
-        if nbytes > self.capacity:
-            return False
-        while self.bytes + nbytes > self.capacity:
-            self._evict_lru()
-        expires = time.monotonic() + self.ttl_s if self.ttl_s is not None else float("inf")
-        self._slots[key] = _Slot(value, nbytes, self._checksum(value), expires)
-        self.bytes += nbytes
-        return True
+        checksum = self._checksum(value)
+        with self._lock:
+            self.pop(key)
+            if nbytes > self.capacity:
+                return False
+            while self.bytes + nbytes > self.capacity:
+                self._evict_lru()
+            expires = time.monotonic() + self.ttl_s if self.ttl_s is not None else float("inf")
+            self._slots[key] = _Slot(value, nbytes, checksum, expires)
+            self.bytes += nbytes
+            return True
 
     def pop(self, key: K) -> V | None:
-        slot = self._slots.pop(key, None)
-        if slot is None:
-            return None
-        self.bytes -= slot.nbytes
-        return slot.value
+        with self._lock:
+            slot = self._slots.pop(key, None)
+            if slot is None:
+                return None
+            self.bytes -= slot.nbytes
+            return slot.value
 
     def purge_expired(self) -> None:
         now = time.monotonic()
-        for key in [k for k, s in self._slots.items() if s.expires_at <= now]:
-            self.pop(key)
+        with self._lock:
+            for key in [k for k, s in self._slots.items() if s.expires_at <= now]:
+                self.pop(key)
 
     def keys(self) -> list[K]:
-        return list(self._slots)
+        with self._lock:
+            return list(self._slots)
 
     def _evict_lru(self) -> None:
         key = next(iter(self._slots))
@@ -126,6 +136,10 @@ class BoundedCache(Generic[K, V]):
 
     def check_integrity(self, deep: bool = True) -> None:
         """Byte accounting, bound, per-entry structure and (``deep``) checksums of the stored tensors."""
+        with self._lock:
+            self._check_integrity(deep)
+
+    def _check_integrity(self, deep: bool) -> None:
         total = 0
         for key, slot in self._slots.items():
             size = sum(t.numel() * t.element_size() for t in self._tensors(slot.value))
@@ -141,7 +155,10 @@ class BoundedCache(Generic[K, V]):
             )
 
     def stats(self) -> CacheStats:
-        return CacheStats(self.hits, self.misses, self.evictions, len(self._slots), self.bytes, self.capacity)
+        with self._lock:
+            return CacheStats(
+                self.hits, self.misses, self.evictions, len(self._slots), self.bytes, self.capacity
+            )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ class EngineConfig:
     session_cache_bytes: int = 512 * MIB
     image_cache_bytes: int = 256 * MIB
     session_ttl_s: float = 300.0
+    # encode queued requests' images on a side thread, overlapping the batch's forwards (needs a free
+    # core or a GPU; on this shared 2-core CPU it measured no gain, hence off by default)
+    vision_prefetch: bool = False
 
     @classmethod
     def from_env(cls, prefix: str = "VLMQ_", **overrides: Any) -> EngineConfig:

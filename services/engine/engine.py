@@ -27,6 +27,7 @@ from services.engine.sampling import make_generator, sample
 from services.engine.scheduler import ScheduledBatch, Scheduler
 from services.engine.sequence import Prompt, Sequence
 from services.engine.stats import EngineStats
+from services.engine.vision import VisionPrefetcher
 
 log = logging.getLogger(__name__)
 EventCallback = Callable[[TokenEvent], None]
@@ -102,6 +103,8 @@ class Engine:
         if self._thread is not None:
             return
         self._stopping = False
+        if self.config.vision_prefetch:
+            self.runner.prefetcher = VisionPrefetcher(self.adapter, self.runner.caches.image)
         self._thread = threading.Thread(target=self._loop, name="vlmq-engine", daemon=True)
         self._thread.start()
 
@@ -119,6 +122,9 @@ class Engine:
                 deadline = None
             self._thread.join(timeout=0.05)
         self._thread = None
+        if self.runner.prefetcher is not None:
+            self.runner.prefetcher.stop()
+            self.runner.prefetcher = None
 
     def prewarm(self) -> None:
         """Compute the KV of the default system prompt (the tokens every conversation starts with)."""
@@ -166,6 +172,8 @@ class Engine:
             self._inbox.append(seq)
             self._stats.submitted += 1
             self._cv.notify_all()
+        if self.runner.prefetcher is not None:
+            self.runner.prefetcher.add(seq)
 
     def cancel(self, request_id: str) -> bool:
         with self._cv:

@@ -48,7 +48,10 @@ class PromptBuilder:
             text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # template errors are the caller's malformed messages
             raise RequestRejected(f"messages could not be rendered by the chat template: {exc}") from exc
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # like ``processor(text=...)``: special tokens (e.g. Llama's BOS) unless the template wrote them
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add_special = not (bos and text.startswith(bos))
+        return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     def expand_images(self, ids: list[int], request: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
         tok = self.adapter.image_token_id

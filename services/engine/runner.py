@@ -20,6 +20,7 @@ from services.engine.api import ImageInput
 from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
 from services.engine.kv import BatchKV, cache_layers, stack_left
 from services.engine.sequence import Prompt, Sequence
+from services.engine.vision import VisionPrefetcher
 
 
 @dataclass
@@ -33,9 +34,12 @@ class Caches:
 
 
 class ModelRunner:
-    def __init__(self, adapter: ModelAdapter, caches: Caches) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, caches: Caches, prefetcher: VisionPrefetcher | None = None
+    ) -> None:
         self.adapter = adapter
         self.caches = caches
+        self.prefetcher = prefetcher
         self.batch = BatchKV(adapter.make_cache)
 
     # --- prefill ----------------------------------------------------------------------------------
@@ -91,26 +95,37 @@ class ModelRunner:
         ]
 
     def _image_features(self, seqs: list[Sequence]) -> dict[str, torch.Tensor]:
-        """Features by digest for every image that lies (partly) in an uncached suffix."""
+        """Features by digest for every image that lies (partly) in an uncached suffix: from the image
+        cache, else computed ahead by the prefetcher, else one batched vision call now."""
         feats: dict[str, torch.Tensor] = {}
         todo: dict[str, tuple[ImageInput, bool]] = {}
         for s in seqs:
+            if self.prefetcher is not None:
+                self.prefetcher.claim(s)
             use_cache = s.request.use_cache and self.caches.image is not None
             for span in s.prompt.spans:
                 if span.end <= s.num_cached_tokens or span.digest in feats or span.digest in todo:
                     continue
                 hit = self.caches.image.get(span.digest) if use_cache and self.caches.image else None
+                ahead = s.features.get(span.digest)
                 if hit is not None:
                     feats[span.digest] = hit
+                elif ahead is not None:
+                    feats[span.digest] = ahead
+                    self._cache_image(span.digest, ahead, use_cache)
                 else:
                     todo[span.digest] = (s.request.images[span.index], use_cache)
+            s.features = {}  # used (or not needed): free them
         if todo:
             computed = self.adapter.encode_images([img for img, _ in todo.values()])
             for (digest, (_, use_cache)), f in zip(todo.items(), computed, strict=True):
                 feats[digest] = f
-                if use_cache and self.caches.image is not None:
-                    self.caches.image.put(digest, f.clone())
+                self._cache_image(digest, f, use_cache)
         return feats
+
+    def _cache_image(self, digest: str, features: torch.Tensor, use_cache: bool) -> None:
+        if use_cache and self.caches.image is not None:
+            self.caches.image.put(digest, features.clone())
 
     def _suffix_embeds(self, seq: Sequence, feats: dict[str, torch.Tensor], width: int) -> torch.Tensor:
         m = seq.num_cached_tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     generator: torch.Generator | None = None
+    # vision prefetch hand-over (see vision.py): features computed ahead of the prefill
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+    vision_state: str = "pending"
+    vision_done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def id(self) -> str:

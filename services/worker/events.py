@@ -3,7 +3,8 @@
 The engine calls ``EventWriter.put`` from its own thread for every request at every decode
 step; ``put`` only enqueues, so decoding never waits on Redis. The writer drains whatever has
 accumulated (one engine step for the whole batch, usually) and writes it in one MULTI/EXEC:
-token events (XADD), one wake-up PUBLISH per job, and FINISH_LUA for jobs that ended. A second
+token events (APPEND_TOKENS_LUA: XADDs + one wake-up per job, refused once the job is terminal),
+and FINISH_LUA for jobs that ended. A second
 round trip then records the session, the result cache and the metrics of the jobs whose
 terminal state this worker wrote, and acknowledges their stream entries (XACK after FINISH).
 """
@@ -24,11 +25,26 @@ from services.engine.api import FinishReason, TokenEvent
 from services.worker.store import JobStore
 from services.worker.stream import Entry, StreamConsumer
 from shared import metrics_hash, result_cache, sessions
+from shared.jobs import EVENTS_MAXLEN
 from shared.keys import Keys
 from shared.schemas import EventType, JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
 
 log = logging.getLogger(__name__)
 MAX_BATCH_EVENTS = 512
+
+# KEYS: job hash, events stream, wake channel. ARGV[1]: maxlen; ARGV[2..]: token event JSON.
+# Appends only while the job is not terminal (nothing lands after cancelled/expired/done), then
+# one wake-up. Returns 0 when refused: the writer then cancels the engine request.
+APPEND_TOKENS_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or status == 'done' or status == 'failed' or status == 'cancelled' or status == 'expired' then
+  return 0
+end
+local id
+for i = 2, #ARGV do id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'data', ARGV[i]) end
+redis.call('PUBLISH', KEYS[3], id)
+return 1
+"""
 
 
 @dataclass
@@ -88,7 +104,9 @@ class EventWriter(threading.Thread):
         self.cancel = cancel
         self._queue: queue.Queue[tuple[JobRun, TokenEvent]] = queue.Queue()
         self._halt = threading.Event()
-        self.flushes = 0
+        self._append_tokens = client.register_script(APPEND_TOKENS_LUA)
+        self.flushes = 0  # round trips (one MULTI/EXEC each)
+        self.events = 0  # engine events written: events/flushes = batching per round trip
 
     def put(self, run: JobRun, event: TokenEvent) -> None:
         """Called from the engine thread: never blocks."""
@@ -131,50 +149,62 @@ class EventWriter(threading.Thread):
     def flush(self, batch: list[tuple[JobRun, TokenEvent]]) -> None:
         pipe = self.r.pipeline(transaction=True)
         finished: list[tuple[JobRun, JobEvent, JobStatus, int]] = []
-        woken: set[str] = set()
+        appends: list[tuple[JobRun, int]] = []
+        pending: dict[str, tuple[JobRun, list[str]]] = {}
         for run, event in batch:
             if run.released:
                 continue
             if not run.generating:
                 run.generating = True
                 self.store.set_status(run.job_id, JobStatus.GENERATING, run.attempt, client=pipe)
-            if self._tokens(pipe, run, event):
-                woken.add(run.job_id)
+            if (data := self._tokens(run, event)) is not None:
+                pending.setdefault(run.job_id, (run, []))[1].append(data)
             if event.finished:
+                appends += self._append(pipe, pending.pop(run.job_id, None))  # tokens before the end
                 terminal, status = self._terminal(run, event)
                 finished.append((run, terminal, status, len(pipe.command_stack)))
                 self.store.finish(run.job_id, terminal, status, client=pipe)
-        for job_id in woken:
-            pipe.publish(self.keys.job_wake(job_id), "token")
+        for item in pending.values():
+            appends += self._append(pipe, item)
         results = pipe.execute()
         self.flushes += 1
+        self.events += len(batch)
+        for run, i in appends:
+            if not results[i] and not run.cancel_sent:  # already terminal (cancelled by the gateway)
+                run.cancel_sent = True
+                self.cancel(run.request_id)
         if finished:
             self._after_finish([(run, ev, st, bool(results[i])) for run, ev, st, i in finished])
 
-    def _tokens(self, pipe: redis.client.Pipeline, run: JobRun, event: TokenEvent) -> bool:
-        """Record the event's tokens; XADD them unless an earlier attempt already published them."""
+    def _append(
+        self, pipe: redis.client.Pipeline, item: tuple[JobRun, list[str]] | None
+    ) -> list[tuple[JobRun, int]]:
+        """Queue one APPEND_TOKENS_LUA call for a job's new token events; (run, result index)."""
+        if item is None:
+            return []
+        run, datas = item
+        index = len(pipe.command_stack)
+        self._append_tokens(keys=self.store.job_keys(run.job_id), args=[EVENTS_MAXLEN, *datas], client=pipe)
+        return [(run, index)]
+
+    def _tokens(self, run: JobRun, event: TokenEvent) -> str | None:
+        """Record the event's tokens; the token event to publish, unless an earlier attempt already did."""
         ids = list(event.token_ids)
         if run.diverged or (not ids and not event.text):
-            return False
+            return None
         start = event.index
         overlap = run.published[start : start + len(ids)]
         if overlap != ids[: len(overlap)]:
             run.diverged = f"retry diverged from the tokens already streamed at index {start}"
             self.cancel(run.request_id)
-            return False
+            return None
         run.token_ids.extend(ids)
         run.texts.append(event.text)
         run.first_token_at = run.first_token_at or time.time()
         if start + len(ids) <= len(run.published):
-            return False  # the client already has these
+            return None  # the client already has these
         token = JobEvent(type="token", attempt=run.attempt, text=event.text, token_ids=ids, index=start)
-        pipe.xadd(
-            self.keys.job_events(run.job_id),
-            token.to_fields(),  # type: ignore[arg-type]
-            maxlen=100_000,
-            approximate=True,
-        )
-        return True
+        return token.to_fields()["data"]
 
     def _terminal(self, run: JobRun, event: TokenEvent) -> tuple[JobEvent, JobStatus]:
         """The terminal event for the engine's last event (the stream's done/error/status entry)."""

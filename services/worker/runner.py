@@ -60,6 +60,7 @@ class InferenceWorker:
     # --- lifecycle ---
     def run(self) -> None:
         self.consumer.ensure_group()
+        self.consumer.prune_consumers()
         self.writer.start()
         self.heartbeat()
         for entry in self.consumer.read(self.capacity, 0, own_pending=True):  # same name, restarted
@@ -213,6 +214,7 @@ class InferenceWorker:
             "inflight": len(self._run_ids()),
             "capacity": self.capacity,
             "stopping": self.stopping.is_set(),
+            "writer": {"events": self.writer.events, "flushes": self.writer.flushes},
             "engine": self.engine.stats().to_dict(),
         }
         ttl_ms = int(3000 * self.settings.heartbeat_s)

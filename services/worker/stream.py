@@ -70,6 +70,15 @@ class StreamConsumer:
         pipe.xack(self.stream, self.group, entry_id)
         pipe.xdel(self.stream, entry_id)
 
+    def prune_consumers(self, min_idle_ms: int = 600_000) -> int:
+        """Forget consumers (workers gone long ago) that hold no pending entries; returns how many."""
+        pruned = 0
+        for info in self.r.xinfo_consumers(self.stream, self.group):
+            name = _str(info["name"])
+            if name != self.consumer and int(info["pending"]) == 0 and int(info["idle"]) >= min_idle_ms:
+                pruned += int(self.r.xgroup_delconsumer(self.stream, self.group, name) == 0)
+        return pruned
+
     def pending_count(self) -> int:
         info = self.r.xpending(self.stream, self.group)
         return int(info["pending"]) if info else 0

@@ -39,7 +39,7 @@ def _tiny_inputs(model: Any, processor: TinyProcessor, text: str, imgs: list[Ima
         kw["pixel_values"] = pix["pixel_values"]
         if grid is not None:
             kw["image_grid_thw"] = grid
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor([tok(text)["input_ids"]])  # as the HF processors call the tokenizer
     if "image_grid_thw" in kw:
         kw["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **kw}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from bench.common import draw_image, image_input
 from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
 from tests.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
@@ -30,9 +32,10 @@ def _req(
     ), [png]
 
 
-def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_tol):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["inline-vision", "vision-prefetch"])
+def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_tol, prefetch):
     model, proc = bundled
-    engine = make_engine(model, proc)
+    engine = make_engine(model, proc, vision_prefetch=prefetch)
     reqs = [_req(proc, i) for i in range(8)]
     text_only = GenerationRequest(
         "t", [user("Say something.", image=False)], [], SamplingParams(max_tokens=12)

@@ -115,3 +115,9 @@ async def test_metrics(
     assert families["vlmq_engine_running"].samples[0].value == 2
     assert families["vlmq_workers_alive"].samples[0].value == 1
     assert "vlmq_gateway_jobs_submitted" in families
+    rejected = {
+        x.labels["status"]: x.value
+        for x in families["vlmq_gateway_requests_rejected"].samples
+        if x.name.endswith("_total")
+    }
+    assert rejected.get("400", 0) >= 1  # the corrupt upload above

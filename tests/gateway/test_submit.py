@@ -138,3 +138,21 @@ async def test_accept_is_fast(client: httpx.AsyncClient) -> None:
     for _ in range(10):
         assert (await submit(client, prompt="Quick?")).status_code == 202
     assert (time.perf_counter() - start) / 10 < 0.25
+
+
+async def test_new_image_restarts_the_session(
+    client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
+) -> None:
+    first = await submit(client, prompt="What colour?", session_id="switch-1")
+    spec1 = JobRecord.from_hash(r.hgetall(gateway.keys.job(first.json()["id"]))).spec
+    from shared.sessions import session_fields
+
+    fields: Any = session_fields(spec1, "Red.")
+    r.hset(gateway.keys.session("switch-1"), mapping=fields)
+    other = image_bytes("PNG", (90, 90), seed=77)
+    resp = await submit(client, other, prompt="And now?", session_id="switch-1")
+    spec2 = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.json()["id"]))).spec
+    assert spec2.image_digest == hashlib.sha256(other).hexdigest() != spec1.image_digest
+    assert [(t.role, t.text, t.image) for t in spec2.messages] == [("user", "And now?", True)]
+    session = (await client.get("/v1/sessions/switch-1")).json()
+    assert session["image_digest"] == spec2.image_digest and session["turns"] == []

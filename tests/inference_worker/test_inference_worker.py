@@ -232,3 +232,18 @@ def test_second_sigterm_releases_in_flight_jobs_to_another_worker(inference_stac
     assert finished(inference_stack, spec.job_id, 60) is JobStatus.DONE
     assert J.job(inference_stack.redis, inference_stack.keys, spec.job_id).attempt == 2
     assert len(assert_stream_is_whole(inference_stack, spec.job_id)) == 500
+
+
+def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
+    inference_stack: ServiceStack,
+) -> None:
+    """The gateway wrote `cancelled` itself (no flag): the next token append is refused and the run stops."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    spec = submit(inference_stack, max_tokens=500, seed=10)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 3, 60, interval_s=0.005, what="tokens")
+    JobStore(r, keys, 3600, 900).cancel(spec.job_id, 1)
+    wait_for(lambda: _heartbeat(inference_stack)["inflight"] == 0, 5, what="run stopped")
+    events = J.events(r, keys, spec.job_id)
+    last = max(i for i, e in enumerate(events) if e.status is JobStatus.CANCELLED)
+    assert last == len(events) - 1  # nothing appended after the terminal event
+    assert len(tokens(inference_stack, spec.job_id)) < 500

@@ -167,6 +167,11 @@ class ServiceStack:
         if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
             proc.wait(30.0)
 
+    def children(self, name: str) -> list[int]:
+        """Child pids of a component's leader (the Celery pool processes of ``decode``)."""
+        tasks = Path(f"/proc/{self.procs[name].pid}/task")
+        return [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+
     def restart(self, name: str, timeout_s: float = 120.0) -> None:
         proc = self.procs[name]
         if proc.alive():

@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -176,8 +175,9 @@ def test_decode_child_killed_mid_task_is_redelivered(decode_stack: ServiceStack)
         interval_s=0.005,
         what="decoding started",
     )
-    child = _pool_child(decode_stack.procs["decode"].pid)
-    os.kill(child, signal.SIGKILL)
+    children = decode_stack.children("decode")
+    assert children, "celery main process has no pool child"
+    os.kill(children[0], signal.SIGKILL)
     assert settled(decode_stack, job_id) is JobStatus.WAITING
     assert int(decode_stack.redis.hget(decode_stack.keys.job(job_id), "decode_attempts")) == 2
     assert (
@@ -190,9 +190,12 @@ def test_decode_child_killed_mid_task_is_redelivered(decode_stack: ServiceStack)
     )  # handed over exactly once
 
 
-def _pool_child(pid: int) -> int:
-    children = [
-        int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()
-    ]
-    assert children, "celery main process has no pool child"
-    return children[0]
+def test_job_whose_decodes_keep_dying_is_dead_lettered(decode_stack: ServiceStack) -> None:
+    """decode_attempts already at the cap (earlier deliveries died): the next one fails the job."""
+    data = J.image_bytes("JPEG", (100, 80), seed=14)
+    spec = J.make_spec(digest=J.store_image(decode_stack.redis, decode_stack.keys, data))
+    J.create_job(decode_stack.redis, decode_stack.keys, spec)
+    decode_stack.redis.hset(decode_stack.keys.job(spec.job_id), "decode_attempts", 3)
+    decode_stack.enqueue_decode(spec.job_id)
+    assert settled(decode_stack, spec.job_id) is JobStatus.FAILED
+    assert "dead letter" in (J.job(decode_stack.redis, decode_stack.keys, spec.job_id).error or "")

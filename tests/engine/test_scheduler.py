@@ -1,0 +1,91 @@
+"""Scheduler and batch-KV bookkeeping on hand-made sequences (no model), like vLLM's scheduler tests."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from services.engine import FinishReason, GenerationRequest
+from services.engine.detok import Detokenizer
+from services.engine.kv import BatchKV
+from services.engine.scheduler import Scheduler
+from services.engine.sequence import Prompt, Sequence, Status
+
+
+def _seq(rid: str, deadline: float | None = None) -> Sequence:
+    req = GenerationRequest(rid, [{"role": "user", "content": "hi"}], deadline=deadline)
+    return Sequence(req, Prompt([1, 2, 3], torch.arange(3), []), lambda ev: None, Detokenizer(None, ()), frozenset())
+
+
+def test_idle_engine_admits_at_once_then_the_window_groups():
+    s = Scheduler(max_batch=4, window_s=0.05)
+    s.add(_seq("a"))
+    assert [q.id for q in s.schedule().prefill] == ["a"]  # idle: no wait
+    s.add(_seq("b"))
+    batch = s.schedule()
+    assert not batch.prefill and [q.id for q in batch.decode] == ["a"]  # busy: b waits for the window
+    s.add(_seq("c"))
+    s.add(_seq("d"))
+    assert [q.id for q in s.schedule().prefill] == ["b", "c", "d"]  # they fill every free slot
+
+
+def test_window_expiry_admits_a_partial_group():
+    s = Scheduler(max_batch=4, window_s=0.01)
+    s.add(_seq("a"))
+    s.schedule()
+    s.add(_seq("b"))
+    assert not s.schedule().prefill
+    time.sleep(0.015)
+    assert [q.id for q in s.schedule().prefill] == ["b"]
+
+
+def test_cap_fifo_cancel_and_deadlines():
+    s = Scheduler(max_batch=2, window_s=0.0)
+    seqs = [_seq("a"), _seq("b"), _seq("c"), _seq("late", deadline=time.time() - 1), _seq("e")]
+    for q in seqs:
+        s.add(q)
+    batch = s.schedule()
+    assert [q.id for q in batch.prefill] == ["a", "b"]  # cap 2, oldest first
+    assert [(q.id, r) for q, r in batch.dropped] == [("late", FinishReason.EXPIRED)]  # never runs
+    s.cancel("a")
+    batch = s.schedule()
+    assert [(q.id, r) for q, r in batch.dropped] == [("a", FinishReason.CANCELLED)]
+    assert [q.id for q in batch.prefill] == ["c"]  # the freed slot goes to the next in line
+    assert seqs[0].status is Status.FINISHED and len(s.running) == 2
+
+
+def _kv(rows: list[list[float]]) -> BatchKV:
+    """A 1-layer batch whose 'keys' hold each row's token values (heads=1, dim=1), right-aligned."""
+    from services.engine.kv import stack_left
+
+    length = max(len(r) for r in rows)
+    parts = [torch.tensor(r).view(1, 1, -1, 1) for r in rows]
+    keys = stack_left(parts, length)
+    b = BatchKV(lambda layers: _Cache(layers))
+    b.ids = [f"r{i}" for i in range(len(rows))]
+    b.cache = _Cache([(keys, keys.clone())])  # type: ignore[assignment]
+    b.mask = torch.stack([torch.arange(length) >= length - len(r) for r in rows])
+    return b
+
+
+class _Cache:
+    """Minimal stand-in holding layers the way DynamicCache exposes them (keys/values per layer)."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.layers = [type("L", (), {"keys": k, "values": v})() for k, v in layers]
+
+
+def test_batch_kv_merge_remove_extract_keep_each_rows_tokens():
+    a = _kv([[1, 2, 3], [4, 5]])
+    a.merge(_kv([[6, 7, 8, 9]]))
+    assert a.length == 4 and a.ids == ["r0", "r1", "r0"][:2] + ["r0"]
+    a.ids = ["x", "y", "z"]
+    assert a.extract("x", 3)[0][0].flatten().tolist() == [1, 2, 3]
+    assert a.extract("z", 4)[0][0].flatten().tolist() == [6, 7, 8, 9]
+    a.remove({"z"})  # the longest row leaves: the leading all-padding column is trimmed
+    assert a.length == 3 and a.ids == ["x", "y"]
+    assert a.extract("y", 2)[0][0].flatten().tolist() == [4, 5]
+    assert a.decode_mask() is not None  # y still has padding
+    a.remove({"y"})
+    assert a.decode_mask() is None and a.extract("x", 3)[0][0].flatten().tolist() == [1, 2, 3]

@@ -1,0 +1,36 @@
+"""JobSpec -> engine request mapping (pure functions)."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.requests import build_request, chat_messages, image_input, sampling_params
+from shared.schemas import ChatTurn, SamplingSpec
+from tests.support.jobs import make_spec
+
+
+def test_image_part_only_on_the_image_turn_and_no_invented_system_message() -> None:
+    turns = [
+        ChatTurn(role="user", text="What is it?", image=True),
+        ChatTurn(role="assistant", text="A cat."),
+        ChatTurn(role="user", text="What colour?"),
+    ]
+    assert chat_messages(turns) == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+        {"role": "user", "content": [{"type": "text", "text": "What colour?"}]},
+    ]
+
+
+def test_sampling_and_request_fields_carry_over() -> None:
+    spec = make_spec("hi", digest="d" * 64, deadline=123.0, session_id="s1", use_cache=False)
+    spec.sampling = SamplingSpec(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop=["\n"])
+    tensors = {
+        "pixel_values": torch.ones(4, 8, dtype=torch.float16),
+        "image_grid_thw": torch.tensor([[1, 2, 2]]),
+    }
+    request = build_request(spec, "job:1", image_input(tensors, "d" * 64))
+    assert request.request_id == "job:1" and request.deadline == 123.0 and request.session_id == "s1"
+    assert request.use_cache is False and request.sampling == sampling_params(spec.sampling)
+    assert request.sampling.stop == ("\n",) and request.sampling.seed == 3
+    assert request.images[0].pixel_values.dtype == torch.float32 and request.images[0].digest == "d" * 64
