@@ -5,17 +5,20 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import DynamicCache
 
 from services.engine import FinishReason, GenerationRequest
 from services.engine.detok import Detokenizer
-from services.engine.kv import BatchKV
+from services.engine.kv import BatchKV, stack_left
 from services.engine.scheduler import Scheduler
 from services.engine.sequence import Prompt, Sequence, Status
 
 
 def _seq(rid: str, deadline: float | None = None) -> Sequence:
     req = GenerationRequest(rid, [{"role": "user", "content": "hi"}], deadline=deadline)
-    return Sequence(req, Prompt([1, 2, 3], torch.arange(3), []), lambda ev: None, Detokenizer(None, ()), frozenset())
+    return Sequence(
+        req, Prompt([1, 2, 3], torch.arange(3), []), lambda ev: None, Detokenizer(None, ()), frozenset()
+    )
 
 
 def test_idle_engine_admits_at_once_then_the_window_groups():
@@ -55,31 +58,21 @@ def test_cap_fifo_cancel_and_deadlines():
     assert seqs[0].status is Status.FINISHED and len(s.running) == 2
 
 
-def _kv(rows: list[list[float]]) -> BatchKV:
-    """A 1-layer batch whose 'keys' hold each row's token values (heads=1, dim=1), right-aligned."""
-    from services.engine.kv import stack_left
-
+def _kv(rows: list[list[float]], prefix: str) -> BatchKV:
+    """A 1-layer batch whose keys hold each row's token values (heads=1, dim=1), right-aligned."""
     length = max(len(r) for r in rows)
-    parts = [torch.tensor(r).view(1, 1, -1, 1) for r in rows]
-    keys = stack_left(parts, length)
-    b = BatchKV(lambda layers: _Cache(layers))
-    b.ids = [f"r{i}" for i in range(len(rows))]
-    b.cache = _Cache([(keys, keys.clone())])  # type: ignore[assignment]
+    keys = stack_left([torch.tensor(r).view(1, 1, -1, 1) for r in rows], length)
+    b = BatchKV(lambda layers: DynamicCache(ddp_cache_data=layers))
+    b.ids = [f"{prefix}{i}" for i in range(len(rows))]
+    b.cache = DynamicCache(ddp_cache_data=[(keys, keys.clone())])
     b.mask = torch.stack([torch.arange(length) >= length - len(r) for r in rows])
     return b
 
 
-class _Cache:
-    """Minimal stand-in holding layers the way DynamicCache exposes them (keys/values per layer)."""
-
-    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.layers = [type("L", (), {"keys": k, "values": v})() for k, v in layers]
-
-
 def test_batch_kv_merge_remove_extract_keep_each_rows_tokens():
-    a = _kv([[1, 2, 3], [4, 5]])
-    a.merge(_kv([[6, 7, 8, 9]]))
-    assert a.length == 4 and a.ids == ["r0", "r1", "r0"][:2] + ["r0"]
+    a = _kv([[1, 2, 3], [4, 5]], "a")
+    a.merge(_kv([[6, 7, 8, 9]], "b"))
+    assert a.length == 4 and a.ids == ["a0", "a1", "b0"]
     a.ids = ["x", "y", "z"]
     assert a.extract("x", 3)[0][0].flatten().tolist() == [1, 2, 3]
     assert a.extract("z", 4)[0][0].flatten().tolist() == [6, 7, 8, 9]

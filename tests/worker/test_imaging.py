@@ -66,6 +66,7 @@ def test_draft_mode_is_faster_on_a_1080p_jpeg() -> None:
     assert with_draft < without
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_pillow_itself_refuses_bombs_after_configure() -> None:
     buf = io.BytesIO()
     Image.new("L", (8000, 6000)).save(buf, format="PNG")  # 48 MP > 40 MP
