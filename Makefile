@@ -18,7 +18,7 @@ up: venv
 	$(BIN)/python -m scripts.up
 
 test: venv
-	$(BIN)/python -m scripts.run_tests
+	$(BIN)/python -m scripts.run_tests $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

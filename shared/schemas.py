@@ -115,4 +115,6 @@ class JobEvent(BaseModel):
     @classmethod
     def from_fields(cls, fields: dict[Any, Any]) -> JobEvent:
         raw = fields.get(b"data", fields.get("data"))
+        if raw is None:
+            raise ValueError("event entry has no 'data' field")
         return cls.model_validate_json(raw)
