@@ -241,7 +241,7 @@ def run_model(name: str, model: Any, proc: Any, quick: bool, large: bool) -> dic
     clients = [1, 8] if quick or large else [1, 4, 8, 16]
     t0 = time.perf_counter()
     out: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
-    out["throughput"] = throughput(model, proc, clients, max_new, 1 if quick or large else 2)
+    out["throughput"] = throughput(model, proc, clients, max_new, 1 if quick else (2 if large else 3))
     out["prefix_ttft"] = prefix_ttft(model, proc, n)
     out["session_turn2"] = session_turn2(model, proc, n // 2 if large else n, 4)
     out["image_ttft"] = image_ttft(model, proc, n)

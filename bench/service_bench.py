@@ -197,7 +197,7 @@ def engine_only(model: str, requests: list[BenchRequest]) -> list[tuple[float, s
     """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does)."""
     import services  # noqa: F401  (registers the processor)
     from services.engine import Engine, EngineConfig
-    from services.worker.requests import build_request, image_input
+    from services.adapter.requests import build_request, image_input
     from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
     from shared.tensors import pack_tensors, unpack_tensors

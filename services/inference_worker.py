@@ -2,7 +2,7 @@
 
 A long-running process (never a forked Celery child: CUDA does not survive fork) that loads
 the engine, prewarms its prefix cache and serves the inference stream until SIGTERM/SIGINT.
-The Redis side lives in ``services.worker``; the engine does the rest.
+The Redis side lives in ``services.adapter``; the engine does the rest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from services.engine import Engine, EngineConfig
-from services.worker.runner import InferenceWorker
+from services.adapter.runner import InferenceWorker
 from shared.config import InferenceSettings, get_inference_settings
 from worker.imaging import processor_id
 

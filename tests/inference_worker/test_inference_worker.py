@@ -9,8 +9,8 @@ import time
 import pytest
 
 from services.engine import Engine
-from services.worker.requests import build_request
-from services.worker.store import JobStore
+from services.adapter.requests import build_request
+from services.adapter.store import JobStore
 from shared import result_cache
 from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.requests import build_request, chat_messages, image_input, sampling_params
+from services.adapter.requests import build_request, chat_messages, image_input, sampling_params
 from shared.schemas import ChatTurn, SamplingSpec
 from tests.support.jobs import make_spec
 

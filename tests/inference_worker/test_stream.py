@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.worker.stream import StreamConsumer
+from services.adapter.stream import StreamConsumer
 from shared.keys import Keys
 
 

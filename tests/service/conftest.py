@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services.engine import Engine, EngineConfig
-from services.worker.requests import build_request, image_input
+from services.adapter.requests import build_request, image_input
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobSpec
 from shared.tensors import pack_tensors, unpack_tensors

@@ -19,10 +19,10 @@ from typing import Any
 import redis
 
 from services.engine.api import ImageInput, RequestRejected
-from services.worker.events import EventWriter, JobRun, WriterConfig
-from services.worker.requests import build_request, needs_image
-from services.worker.store import JobStore
-from services.worker.stream import Entry, StreamConsumer
+from services.adapter.events import EventWriter, JobRun, WriterConfig
+from services.adapter.requests import build_request, needs_image
+from services.adapter.store import JobStore
+from services.adapter.stream import Entry, StreamConsumer
 from shared import metrics_hash
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from services.engine.api import ImageInput
-from services.worker.requests import image_input
+from services.adapter.requests import image_input
 from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobStatus

@@ -22,8 +22,8 @@ from typing import Any
 import redis
 
 from services.engine.api import FinishReason, TokenEvent
-from services.worker.store import JobStore
-from services.worker.stream import Entry, StreamConsumer
+from services.adapter.store import JobStore
+from services.adapter.stream import Entry, StreamConsumer
 from shared import metrics_hash, result_cache, sessions
 from shared.jobs import EVENTS_MAXLEN
 from shared.keys import Keys
