@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from celery import Celery
 
 from shared.config import DecodeWorkerSettings, GatewaySettings
-from worker.celery_app import DECODE_QUEUE, DECODE_TASK, decode_queue_key, make_app
+from worker.celery_app import DECODE_QUEUE, DECODE_TASK, make_app
 
 # Bounded retries: an unreachable broker must turn into a 503, not a hung request.
 _RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.2, "interval_max": 0.5}
@@ -30,7 +30,6 @@ class DecodeQueue:
     def __init__(self, settings: GatewaySettings) -> None:
         worker_settings = _worker_settings(settings)
         self.app: Celery = make_app(worker_settings)
-        self.queue_key = decode_queue_key(worker_settings)  # Redis list: LLEN = waiting tasks
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="celery-send")
 
     def _send(self, job_id: str) -> str:

@@ -21,11 +21,13 @@ _TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    499: "cancelled_error",
     503: "service_unavailable_error",
 }
 

@@ -9,7 +9,7 @@ an attempt re-sends tokens, and the text never mixes two attempts' versions of a
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from gateway.errors import APIError
 from gateway.shutdown import server_exiting
 from shared.keys import Keys
 from shared.schemas import TERMINAL_STATUSES, JobEvent
+from shared.values import as_str
 
 BLOCK_MS = 1000  # bounded: a reader re-checks the job between blocks (expiry, terminal state)
 _EVENT_ID = re.compile(r"^\d+(-\d+)?$")
@@ -55,10 +56,6 @@ class TokenFilter:
         return True
 
 
-def _id(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def read_all(
     redis: aioredis.Redis, keys: Keys, job_id: str, upto: str = "+"
 ) -> list[tuple[str, JobEvent]]:
@@ -69,7 +66,7 @@ async def read_all(
     for entry_id, fields in entries:
         event = JobEvent.from_fields(fields)
         if tokens.accept(event):
-            out.append((_id(entry_id), event))
+            out.append((as_str(entry_id), event))
     return out
 
 
@@ -87,9 +84,16 @@ def text_of(events: list[tuple[str, JobEvent]]) -> str:
 
 
 async def follow(
-    redis: aioredis.Redis, keys: Keys, job_id: str, last_id: str = "0", block_ms: int = BLOCK_MS
+    redis: aioredis.Redis,
+    keys: Keys,
+    job_id: str,
+    last_id: str = "0",
+    block_ms: int = BLOCK_MS,
+    on_idle: Callable[[], Awaitable[object]] | None = None,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
     """Events after ``last_id`` as they come, ending with the terminal event.
+
+    ``on_idle`` runs whenever a read found nothing new (the gateway's lazy expiry check).
 
     Ends early, without a terminal event, when the job record is gone (expired), when the
     terminal event is already behind ``last_id`` (a client resuming a finished stream), or
@@ -102,11 +106,13 @@ async def follow(
         reply: Any = await redis.xread({key: last_id}, count=256, block=block)
         block = block_ms
         if not reply:
+            if on_idle is not None:
+                await on_idle()
             if server_exiting() or await _finished_or_gone(redis, keys, job_id, key, last_id):
                 return
             continue
         for entry_id, fields in reply[0][1]:
-            last_id = _id(entry_id)
+            last_id = as_str(entry_id)
             event = JobEvent.from_fields(fields)
             if not tokens.accept(event):
                 continue
@@ -119,7 +125,7 @@ async def _finished_or_gone(redis: aioredis.Redis, keys: Keys, job_id: str, key:
     status = await redis.hget(keys.job(job_id), "status")
     if status is None:
         return True
-    if _id(status) not in {s.value for s in TERMINAL_STATUSES}:
+    if as_str(status) not in {s.value for s in TERMINAL_STATUSES}:
         return False
     # Terminal: anything left after last_id would have been returned by the XREAD above,
     # unless it was written just now; one non-blocking read settles it.

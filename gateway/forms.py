@@ -9,7 +9,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from gateway.errors import APIError
-from gateway.images import decode_base64_image
+from gateway.images import decode_base64_image_async
 from gateway.params import JobParams, parse_params
 from shared.config import GatewaySettings
 
@@ -25,7 +25,7 @@ async def read_submission(request: Request, settings: GatewaySettings) -> tuple[
         image = raw.pop("image", None)
         if image is not None and not isinstance(image, str):
             raise APIError(400, "image: expected a base64 string or a data: URL", param="image")
-        image = decode_base64_image(image, settings.max_image_bytes) if image else None
+        image = await decode_base64_image_async(image, settings.max_image_bytes) if image else None
     else:
         raise APIError(
             415,
@@ -55,7 +55,7 @@ async def _read_multipart(request: Request, settings: GatewaySettings) -> tuple[
 async def _form_image(value: Any, settings: GatewaySettings) -> bytes | None:
     if isinstance(value, UploadFile):
         return await value.read()
-    return decode_base64_image(str(value), settings.max_image_bytes) if value else None
+    return await decode_base64_image_async(str(value), settings.max_image_bytes) if value else None
 
 
 async def _read_json(request: Request) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 The decode worker does the full (safe) decode; here a request is refused before anything
 is stored when it is too big, not an allowed format, or its header is unreadable.
+
+The ``*_async`` variants keep the event loop free: payloads over ``INLINE_LIMIT`` (sha256 of up to
+10 MB, base64 of up to 13 MB) are processed on a worker thread; small ones inline.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import re
 import warnings
 from dataclasses import dataclass
 
+import anyio
 from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import APIError
+from shared.formats import ALLOWED_TEXT as ALLOWED
+from shared.formats import sniff_format
 
-ALLOWED = "JPEG, PNG, WebP"
+INLINE_LIMIT = 64 * 1024  # bytes of payload handled on the event loop
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
 
 
@@ -29,16 +35,6 @@ class ImageInfo:
     width: int
     height: int
     size: int
-
-
-def sniff_format(data: bytes) -> str | None:
-    if data[:3] == b"\xff\xd8\xff":
-        return "JPEG"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "PNG"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    return None
 
 
 def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> bytes:
@@ -65,6 +61,20 @@ def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> byt
     except (binascii.Error, ValueError):
         raise APIError(400, f"{field}: not valid base64", param=field, code="bad_base64") from None
     return data
+
+
+async def decode_base64_image_async(value: str, max_bytes: int, field: str = "image") -> bytes:
+    if len(value) <= INLINE_LIMIT:
+        return decode_base64_image(value, max_bytes, field)
+    return await anyio.to_thread.run_sync(decode_base64_image, value, max_bytes, field)
+
+
+async def inspect_image_async(
+    data: bytes, max_bytes: int, max_pixels: int, field: str = "image"
+) -> ImageInfo:
+    if len(data) <= INLINE_LIMIT:
+        return inspect_image(data, max_bytes, max_pixels, field)
+    return await anyio.to_thread.run_sync(inspect_image, data, max_bytes, max_pixels, field)
 
 
 def inspect_image(data: bytes, max_bytes: int, max_pixels: int, field: str = "image") -> ImageInfo:

@@ -1,4 +1,8 @@
-"""Reading and cancelling jobs: the job record plus its event stream, as clients see them."""
+"""Reading and cancelling jobs: the job record plus its event stream, as clients see them.
+
+Terminal states the gateway writes (cancel before start, lazy expiry, enqueue failure) go through
+``finish_job``: FINISH_LUA without a fence, plus ``jobs_total{outcome}`` when it wrote.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ from typing import Any
 from gateway.errors import APIError
 from gateway.events import read_all, text_of
 from gateway.state import GatewayState
-from shared.jobs import JobRecord, finish_args
-from shared.schemas import JobEvent, JobStatus, StageTimings
+from shared import metrics_hash
+from shared.jobs import JobRecord, finish_args, job_keys
+from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus, StageTimings
+from shared.values import as_str
 
 NOT_STARTED = {JobStatus.QUEUED, JobStatus.DECODING, JobStatus.WAITING}
 
@@ -21,14 +27,54 @@ def job_not_found(job_id: str) -> APIError:
 async def load_record(state: GatewayState, job_id: str) -> JobRecord:
     raw = await state.redis.hgetall(state.keys.job(job_id))
     if not raw:
-        raise APIError(
-            404, f"job {job_id!r} not found (unknown or expired)", param="id", code="job_not_found"
-        )
+        raise job_not_found(job_id)
     return JobRecord.from_hash(raw)
 
 
-async def job_view(state: GatewayState, job_id: str) -> dict[str, Any]:
+async def finish_job(
+    state: GatewayState, job_id: str, status: JobStatus, code: ErrorCode, error: str | None = None
+) -> bool:
+    """Write a terminal state from the gateway (refused when already terminal); count it."""
+    kind: EventType = "error" if status is JobStatus.FAILED else "status"
+    event = JobEvent(
+        type=kind,
+        status=status,
+        finish_reason="error" if kind == "error" else status.value,
+        error=error,
+        error_code=code,
+    )
+    args = finish_args(event, status, time.time(), state.settings.job_ttl_s)
+    if await state.finish(keys=job_keys(state.keys, job_id), args=args) != 1:
+        return False
+    await count_outcome(state, status)
+    return True
+
+
+async def count_outcome(state: GatewayState, status: JobStatus) -> None:
+    """``jobs_total{outcome}`` in the workers' metrics hash, for outcomes the gateway writes."""
+    field = metrics_hash.series("jobs_total", outcome=status.value)
+    await state.redis.hincrby(state.keys.metrics_counters(), field, 1)
+
+
+async def expire_if_due(state: GatewayState, record: JobRecord) -> bool:
+    """Lazy expiry: a job not yet generating and past its deadline is expired when read."""
+    deadline = record.spec.deadline
+    if record.status not in NOT_STARTED or deadline is None or time.time() <= deadline:
+        return False
+    error = "deadline passed before the job started"
+    return await finish_job(state, record.spec.job_id, JobStatus.EXPIRED, ErrorCode.EXPIRED, error)
+
+
+async def current_record(state: GatewayState, job_id: str) -> JobRecord:
+    """The record, after lazy expiry."""
     record = await load_record(state, job_id)
+    if await expire_if_due(state, record):
+        record = await load_record(state, job_id)
+    return record
+
+
+async def job_view(state: GatewayState, job_id: str) -> dict[str, Any]:
+    record = await current_record(state, job_id)
     events = await read_all(state.redis, state.keys, job_id)
     done = record.status == JobStatus.DONE
     text = record.text if done and record.text is not None else text_of(events)
@@ -42,6 +88,7 @@ async def job_view(state: GatewayState, job_id: str) -> dict[str, Any]:
         "final_text": record.text if done else None,
         "finish_reason": record.finish_reason,
         "error": record.error,
+        "error_code": record.error_code,
         "usage": _usage(record),
         "timings": (record.timings or StageTimings()).model_dump(),
         "attempt": record.attempt,
@@ -74,16 +121,12 @@ async def cancel_job(state: GatewayState, job_id: str) -> tuple[JobStatus, bool]
         raise APIError(
             409, f"job already finished ({record.status.value}); nothing to cancel", code="job_finished"
         )
-    keys, ttl = state.keys, state.settings.job_ttl_s
-    await state.redis.set(keys.job_cancel(job_id), "1", ex=ttl)
+    keys = state.keys
+    await state.redis.set(keys.job_cancel(job_id), "1", ex=state.settings.job_ttl_s)
     if record.status not in NOT_STARTED:
         return record.status, False
-    event = JobEvent(type="status", status=JobStatus.CANCELLED, finish_reason="cancelled")
-    args = finish_args(event, JobStatus.CANCELLED, time.time(), ttl)
-    finished = await state.finish(
-        keys=[keys.job(job_id), keys.job_events(job_id), keys.job_wake(job_id)], args=args
-    )
+    finished = await finish_job(state, job_id, JobStatus.CANCELLED, ErrorCode.CANCELLED)
     status: Any = await state.redis.hget(keys.job(job_id), "status")
     if status is None:  # expired between the two reads
         raise job_not_found(job_id)
-    return JobStatus(status.decode() if isinstance(status, bytes) else status), bool(finished)
+    return JobStatus(as_str(status)), finished

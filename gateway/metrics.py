@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.keys import INFERENCE_GROUP, Keys
+from shared.keys import Keys
 from shared.metrics_hash import parse_series
+from shared.values import as_str
 
 
 @dataclass
@@ -33,16 +34,7 @@ class RedisSnapshot:
 
 
 async def inference_depth(redis: aioredis.Redis, keys: Keys) -> int:
-    """Jobs in the inference stream not yet acknowledged: undelivered (lag) + pending."""
-    try:
-        groups = await redis.xinfo_groups(keys.inference_stream())
-    except aioredis.ResponseError:  # stream not created yet
-        return 0
-    for group in groups:
-        name = group.get("name")
-        if (name.decode() if isinstance(name, bytes) else name) == INFERENCE_GROUP:
-            lag = group.get("lag")
-            return int(group.get("pending") or 0) + int(lag if lag is not None else 0)
+    """Jobs in the inference stream (waiting or running): XLEN, since acked entries are deleted."""
     return int(await redis.xlen(keys.inference_stream()))
 
 
@@ -58,13 +50,13 @@ async def read_heartbeats(redis: aioredis.Redis, keys: Keys) -> list[dict[str, A
     return beats
 
 
-async def take_snapshot(redis: aioredis.Redis, keys: Keys, decode_queue_key: str) -> RedisSnapshot:
+async def take_snapshot(redis: aioredis.Redis, keys: Keys) -> RedisSnapshot:
     counters = await redis.hgetall(keys.metrics_counters())
     return RedisSnapshot(
         inference_depth=await inference_depth(redis, keys),
-        decode_depth=int(await redis.llen(decode_queue_key)),
+        decode_depth=int(await redis.llen(keys.decode_queue())),
         heartbeats=await read_heartbeats(redis, keys),
-        counters={_s(k): _num(v) for k, v in counters.items() if _num(v) is not None},  # type: ignore[misc]
+        counters={as_str(k): _num(v) for k, v in counters.items() if _num(v) is not None},  # type: ignore[misc]
     )
 
 
@@ -225,20 +217,14 @@ class GatewayMetrics:
         self.open_streams = Gauge(
             "vlmq_gateway_open_streams", "Open event streams", ["kind"], registry=self.registry
         )
-        self.inter_token = Histogram(
-            "vlmq_gateway_stream_inter_token_seconds",
-            "Gap between consecutive token events delivered to stream clients (Redis entry times)",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5),
-            registry=self.registry,
-        )
         self.submit_seconds = Histogram(
             "vlmq_gateway_submit_seconds", "Time to accept a job (202)", registry=self.registry
         )
         self.redis_figures = RedisFiguresCollector(stale_s)
         self.registry.register(self.redis_figures)
 
-    async def render(self, redis: aioredis.Redis, keys: Keys, decode_queue_key: str) -> bytes:
-        self.redis_figures.snapshot = await take_snapshot(redis, keys, decode_queue_key)
+    async def render(self, redis: aioredis.Redis, keys: Keys) -> bytes:
+        self.redis_figures.snapshot = await take_snapshot(redis, keys)
         return generate_latest(self.registry)
 
 
@@ -250,12 +236,8 @@ def _clean(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _num(value: Any) -> float | None:
     try:
-        return float(_s(value))
+        return float(as_str(value))
     except ValueError:
         return None

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import APIError
-from gateway.images import ImageInfo, decode_base64_image, inspect_image
+from gateway.images import ImageInfo, decode_base64_image_async, inspect_image_async
 from gateway.params import SESSION_ID_PATTERN, JobParams, check_limits
 from gateway.submission import PreparedJob, new_id, sampling_spec
 from shared.config import GatewaySettings
@@ -76,7 +76,7 @@ def _image_url(part: ContentPart, where: str) -> str:
     return url
 
 
-def build_turns(
+async def build_turns(
     req: ChatCompletionRequest, settings: GatewaySettings
 ) -> tuple[list[ChatTurn], ImageInfo, bytes]:
     """Messages -> ChatTurns; exactly one (distinct) image, in a user turn."""
@@ -91,8 +91,8 @@ def build_turns(
                 continue
             if message.role != "user":
                 raise APIError(400, f"{where}: images are only accepted in user messages", param=where)
-            data = decode_base64_image(_image_url(part, where), settings.max_image_bytes, field=where)
-            info = inspect_image(data, settings.max_image_bytes, settings.max_image_pixels, field=where)
+            data = await decode_base64_image_async(_image_url(part, where), settings.max_image_bytes, where)
+            info = await inspect_image_async(data, settings.max_image_bytes, settings.max_image_pixels, where)
             if image is not None and image[0].digest != info.digest:
                 raise APIError(400, f"{where}: only one image per conversation is supported", param=where)
             has_image = has_image or image is None
@@ -111,7 +111,7 @@ def build_turns(
     return turns, image[0], image[1]
 
 
-def prepare_openai_job(
+async def prepare_openai_job(
     req: ChatCompletionRequest, settings: GatewaySettings, session_id: str | None
 ) -> PreparedJob:
     if req.model != settings.model_name:
@@ -121,7 +121,7 @@ def prepare_openai_job(
             param="model",
             code="model_not_found",
         )
-    turns, info, data = build_turns(req, settings)
+    turns, info, data = await build_turns(req, settings)
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     # Greedy unless the client asks to sample: answers stay reproducible and cacheable.
     params = JobParams.model_validate(

@@ -3,7 +3,7 @@
 The gateway creates a session on its first job (image digest, optional system turn) and
 refreshes its TTL on later jobs; the inference worker appends each finished turn. The one
 exception is a result-cache hit: no worker runs, so the gateway records the turn itself, the
-same way the worker does (``shared.sessions.session_fields``).
+same way the worker does (``shared.sessions.record_turn``, a compare-and-append).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.schemas import ChatTurn, JobSpec
-from shared.sessions import load_messages, session_fields
+from shared.schemas import ChatTurn
+from shared.sessions import load_messages
+from shared.values import as_str
 
 
 @dataclass
@@ -46,7 +47,7 @@ async def load_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> Se
     raw = await redis.hgetall(keys.session(session_id))
     if not raw:
         return None
-    fields = {_s(k): _s(v) for k, v in raw.items()}
+    fields = {as_str(k): as_str(v) for k, v in raw.items()}
     return Session(
         session_id=session_id,
         image_digest=fields.get("image_digest") or None,
@@ -73,19 +74,5 @@ def new_session_fields(image_digest: str, image_format: str, system: str | None)
     }
 
 
-def record_cached_turn(
-    pipe: aioredis.client.Pipeline, keys: Keys, spec: JobSpec, answer: str, ttl_s: int
-) -> None:
-    """A result-cache hit finishes the turn without a worker: record it as the worker would."""
-    if spec.session_id:
-        fields: dict[Any, Any] = session_fields(spec, answer)
-        pipe.hset(keys.session(spec.session_id), mapping=fields)
-        pipe.expire(keys.session(spec.session_id), ttl_s)
-
-
 async def delete_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> bool:
     return bool(await redis.delete(keys.session(session_id)))
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -3,6 +3,8 @@
 A stream stops at the terminal event or when the client leaves. A job submitted with
 ``cancel_on_disconnect`` is cancelled when its last listener on this gateway leaves before
 the end (listeners are counted per process: one gateway per deployment for now).
+Readers use the stream pool (``state.streams``); routes call ``state.check_stream_slot()``
+before starting a stream, so a full pool answers 503 instead of blocking.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.errors import APIError
 from gateway.events import follow
-from gateway.jobs import cancel_job
+from gateway.jobs import cancel_job, current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from shared.schemas import JobEvent
@@ -33,20 +36,23 @@ def event_payload(event_id: str, event: JobEvent) -> dict[str, Any]:
 async def job_events(
     state: GatewayState, job_id: str, last_id: str, kind: str, cancel_on_disconnect: bool = False
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """``follow`` plus listener bookkeeping and the cancel-on-disconnect rule."""
+    """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule."""
     _listeners[job_id] += 1
+    state.open_streams += 1
     state.metrics.open_streams.labels(kind).inc()
-    finished, previous_ms = False, None
+    finished = False
+
+    async def expire_check() -> None:
+        with contextlib.suppress(APIError):  # gone: follow() notices and ends
+            await current_record(state, job_id)
+
     try:
-        async for event_id, event in follow(state.redis, state.keys, job_id, last_id):
-            if event.type == "token":
-                now_ms = int(event_id.split("-")[0])  # the entry id is the worker's append time
-                if previous_ms is not None:
-                    state.metrics.inter_token.observe(max(0, now_ms - previous_ms) / 1000)
-                previous_ms = now_ms
-            yield event_id, event
+        await expire_check()
+        async for item in follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check):
+            yield item
         finished = True
     finally:
+        state.open_streams -= 1
         state.metrics.open_streams.labels(kind).dec()
         _listeners[job_id] -= 1
         if _listeners[job_id] <= 0:

@@ -1,8 +1,11 @@
-"""Accepting a job (docs/service-contract.md §1): validate, build the JobSpec, then write
-everything in one MULTI and enqueue the decode task.
+"""Accepting a job (docs/service-contract.md §1): validate, build the JobSpec, admit, write,
+enqueue the decode task, then record the session.
 
-Every check that can refuse a request runs before the first write, so a refused request
-leaves nothing behind in Redis.
+Every check that can refuse a request (validation, admission: 429 when the queues are full)
+runs before the first write, so a refused request leaves nothing behind in Redis. Order of the
+writes: image + job record (one MULTI) -> enqueue -> session. An enqueue failure (503) therefore
+leaves the session untouched; the job stays, ``failed`` with ``error_code=queue_unavailable``
+(a client polling it gets the reason), and the image bytes expire with their TTL.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.admission import admit
 from gateway.errors import APIError
-from gateway.images import ImageInfo, inspect_image
+from gateway.images import ImageInfo, inspect_image_async
+from gateway.jobs import count_outcome, finish_job
 from gateway.params import JobParams, check_limits
-from gateway.sessions import Session, load_session, new_session_fields, record_cached_turn
+from gateway.sessions import Session, load_session, new_session_fields
 from gateway.state import GatewayState
-from shared import result_cache
-from shared.jobs import EVENTS_MAXLEN, finish_args, new_job_hash
-from shared.schemas import ChatTurn, JobEvent, JobSpec, JobStatus, SamplingSpec, StageTimings
+from shared import result_cache, sessions
+from shared.jobs import EVENTS_MAXLEN, new_job_hash
+from shared.schemas import ChatTurn, ErrorCode, JobEvent, JobSpec, JobStatus, SamplingSpec, StageTimings
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,7 @@ async def prepare_job(
     check_limits(params, settings)
     info = None
     if image_bytes is not None:
-        info = inspect_image(image_bytes, settings.max_image_bytes, settings.max_image_pixels)
+        info = await inspect_image_async(image_bytes, settings.max_image_bytes, settings.max_image_pixels)
     session = await load_session(state.redis, state.keys, params.session_id) if params.session_id else None
     now = time.time()
     spec = JobSpec(
@@ -148,17 +153,36 @@ def _check_system(params: JobParams, session: Session) -> None:
 
 
 async def commit_job(state: GatewayState, job: PreparedJob, use_result_cache: bool = True) -> Accepted:
-    """Write image, session, job record and first event in one transaction; enqueue decode."""
+    """Cache hit: one MULTI, no work. Else admit (429), write image + job, enqueue, write session."""
     spec = job.spec
     cached = await _cached_result(state, spec) if use_result_cache else None
-    async with state.redis.pipeline(transaction=True) as pipe:
-        _write_image(pipe, state, job)
-        _write_session(pipe, state, job)
-        _write_job(pipe, state, spec, cached)
-        await pipe.execute()
     if cached is not None:
+        await _write(state, job, cached, session=True)
+        await count_outcome(state, JobStatus.DONE)
         state.metrics.submitted.labels(spec.source).inc()
         return Accepted(spec, JobStatus.DONE, cached)
+    await admit(state.redis, state.keys, state.settings.max_queue_depth, state.throughput)
+    await _write(state, job, None, session=False)
+    await _enqueue(state, spec)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        _write_session(pipe, state, job)
+        await pipe.execute()
+    state.metrics.submitted.labels(spec.source).inc()
+    return Accepted(spec, JobStatus.QUEUED)
+
+
+async def _write(
+    state: GatewayState, job: PreparedJob, cached: result_cache.CachedResult | None, session: bool
+) -> None:
+    async with state.redis.pipeline(transaction=True) as pipe:
+        _write_image(pipe, state, job)
+        if session:
+            _write_session(pipe, state, job)
+        _write_job(pipe, state, job.spec, cached)
+        await pipe.execute()
+
+
+async def _enqueue(state: GatewayState, spec: JobSpec) -> None:
     try:
         await state.decode.enqueue(spec.job_id)
     except Exception as exc:  # broker down: the job must not stay queued forever
@@ -170,12 +194,17 @@ async def commit_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
             code="queue_unavailable",
             headers={"Retry-After": "1"},
         ) from exc
-    state.metrics.submitted.labels(spec.source).inc()
-    return Accepted(spec, JobStatus.QUEUED)
+
+
+def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:
+    """Response headers saying whether the answer came from the result cache (every route)."""
+    if accepted.cached is not None:
+        return {"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"}
+    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": "bypass" if bypassed else "miss"}
 
 
 async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.CachedResult | None:
-    key = result_cache.cache_key(state.keys, state.settings.model_name, spec)
+    key = result_cache.cache_key(state.keys, state.settings.result_model_id, spec)
     if key is None:
         return None
     hit = result_cache.decode(await state.redis.get(key))
@@ -234,8 +263,7 @@ def _write_job(
                 "result_cached": "1",
             }
         )
-        if spec.source != "openai":
-            record_cached_turn(pipe, keys, spec, cached.text, state.settings.session_ttl_s)
+        sessions.record_turn(pipe, keys, spec, cached.text, state.settings.session_ttl_s)
     pipe.hset(keys.job(spec.job_id), mapping=fields)
     pipe.expire(keys.job(spec.job_id), ttl)
     for event in events:
@@ -245,9 +273,4 @@ def _write_job(
 
 
 async def fail_job(state: GatewayState, job_id: str, error: str) -> bool:
-    event = JobEvent(type="error", error=error, finish_reason="error")
-    args = finish_args(event, JobStatus.FAILED, time.time(), state.settings.job_ttl_s)
-    keys = state.keys
-    return bool(
-        await state.finish(keys=[keys.job(job_id), keys.job_events(job_id), keys.job_wake(job_id)], args=args)
-    )
+    return await finish_job(state, job_id, JobStatus.FAILED, ErrorCode.QUEUE_UNAVAILABLE, error)

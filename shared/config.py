@@ -13,6 +13,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.keys import Keys
+from shared.result_cache import model_identity
 
 
 class CommonSettings(BaseSettings):
@@ -26,35 +27,59 @@ class CommonSettings(BaseSettings):
     image_ttl_s: int = Field(900, description="How long uploaded image bytes and decoded tensors are kept")
     session_ttl_s: int = Field(1800, description="How long a stored conversation is kept after its last turn")
     max_image_bytes: int = Field(10 * 1024 * 1024, description="Largest accepted upload")
-    max_image_pixels: int = Field(40_000_000, description="Largest decoded image (width*height); bombs refused")
+    max_image_pixels: int = Field(
+        40_000_000, description="Largest decoded image (width*height); bombs refused"
+    )
     max_prompt_chars: int = Field(8000, description="Longest accepted prompt text")
     default_max_tokens: int = Field(64, description="max_tokens when a request does not say")
     max_tokens_limit: int = Field(512, description="Largest accepted max_tokens")
     log_level: str = Field("INFO", description="Python log level of every process")
+    quantize: str = Field(
+        "none", description="none|bf16|int8|int4, applied at load time (part of the result-cache key)"
+    )
+    worker_stale_s: float = Field(
+        10.0, description="Heartbeat TTL of inference workers; /readyz counts an older heartbeat as gone"
+    )
 
     @property
     def keys(self) -> Keys:
         return Keys(self.key_prefix)
 
+    @property
+    def result_model_id(self) -> str:
+        """The weights that answer (path, checkpoint fingerprint, quantize): the result-cache key's model."""
+        return model_identity(self.model, self.quantize)
+
 
 class GatewaySettings(CommonSettings):
     host: str = Field("127.0.0.1", description="Gateway bind address")
     port: int = Field(8000, description="Gateway port")
-    result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (and Cache-Control max-age)")
-    worker_stale_s: float = Field(10.0, description="Heartbeat age after which /readyz counts a worker as gone")
+    result_cache_ttl_s: int = Field(
+        3600, description="Greedy result cache lifetime (and Cache-Control max-age)"
+    )
+    max_queue_depth: int = Field(
+        256, description="Admission: jobs waiting for decode + inference above which submissions get 429"
+    )
+    stream_connections: int = Field(
+        400,
+        description="Redis connections for SSE/WebSocket readers (own pool); full: 503 for new streams",
+    )
 
 
 class DecodeWorkerSettings(CommonSettings):
     decode_concurrency: int = Field(2, description="Celery prefork processes for image decoding")
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
-    max_decode_attempts: int = Field(3, description="Decode deliveries (worker deaths) after which a job fails")
+    max_decode_attempts: int = Field(
+        3, description="Decode deliveries (worker deaths) after which a job fails"
+    )
 
 
 class InferenceSettings(CommonSettings):
-    quantize: str = Field("none", description="none|bf16|int8|int4, applied at load time")
     device: str = Field("auto", description="auto|cpu|cuda")
-    max_batch: int | None = Field(None, description="Running batch cap; default 8 on CPU, from free memory on GPU")
+    max_batch: int | None = Field(
+        None, description="Running batch cap; default 8 on CPU, from free memory on GPU"
+    )
     batch_window_ms: float = Field(10.0, description="Admission window after the first waiting request")
     max_context_tokens: int = Field(2048, description="Prompt + completion token limit")
     prefix_cache: bool = Field(True, description="Reuse the system prompt's KV")
@@ -65,9 +90,14 @@ class InferenceSettings(CommonSettings):
     image_cache_mb: int = Field(256, description="Image-embedding cache bound")
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
-    claim_idle_ms: int = Field(30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)")
+    claim_idle_ms: int = Field(
+        30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)"
+    )
     max_deliveries: int = Field(3, description="Deliveries after which a job goes to the dead-letter state")
-    drain_timeout_s: float = Field(30.0, description="On SIGTERM, how long in-flight jobs may finish before release")
+    drain_timeout_s: float = Field(
+        20.0,
+        description="On SIGTERM, how long in-flight jobs may finish before release (keep < claim idle)",
+    )
     result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (written on done)")
 
 

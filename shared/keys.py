@@ -48,8 +48,13 @@ class Keys:
         """Stream of jobs that exceeded the delivery cap."""
         return f"{self.prefix}:dead"
 
-    def celery_queue_depth(self) -> str:
-        return f"{self.prefix}:decode:pending"
+    def celery_prefix(self) -> str:
+        """Prefix of Celery's own keys (broker ``global_keyprefix``)."""
+        return f"{self.prefix}:celery:"
+
+    def decode_queue(self) -> str:
+        """List holding waiting ``vlmq.decode`` tasks (Celery queue ``decode``): LLEN = decode depth."""
+        return f"{self.celery_prefix()}decode"
 
     # --- sessions and results ---
     def session(self, session_id: str) -> str:

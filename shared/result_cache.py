@@ -3,17 +3,25 @@
 Written by the inference worker when a cacheable job is done; read by the gateway before it
 enqueues anything. Only greedy jobs with ``use_cache`` are cacheable: the same input then
 always gives the same text, so a hit is indistinguishable from a fresh run.
+
+The key names the exact weights that answered (``model_identity``: checkpoint path, a
+fingerprint of its files, quantization), so a retrained checkpoint under the same name, or
+another quantization, never serves an old answer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from shared.keys import Keys
 from shared.schemas import ChatTurn, JobSpec, SamplingSpec, UsageInfo
+
+FINGERPRINT_FILES = ("config.json", "generation_config.json", "preprocessor_config.json", "tokenizer.json")
 
 
 class CachedResult(BaseModel):
@@ -22,15 +30,40 @@ class CachedResult(BaseModel):
     finish_reason: str
 
 
+@lru_cache(maxsize=8)
+def checkpoint_fingerprint(model_path: str) -> str:
+    """Hash of the small config files plus (name, size, mtime) of every weight file; "missing" if absent."""
+    root = Path(model_path)
+    if not root.is_dir():
+        return "missing"
+    digest = hashlib.sha256()
+    for name in FINGERPRINT_FILES:
+        if (root / name).is_file():
+            digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    for weights in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")):
+        stat = weights.stat()
+        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:32]
+
+
+def model_identity(model_path: str, quantize: str) -> str:
+    """What answered: checkpoint path, its fingerprint, quantization (computed once per path)."""
+    resolved = str(Path(model_path).resolve())
+    return f"{resolved}|{checkpoint_fingerprint(resolved)}|{quantize}"
+
+
 def request_hash(
-    model_name: str, image_digest: str | None, messages: list[ChatTurn], sampling: SamplingSpec
+    model_id: str, image_digest: str | None, messages: list[ChatTurn], sampling: SamplingSpec
 ) -> str:
-    """sha256 over everything that determines a greedy answer (canonical JSON)."""
+    """sha256 over everything that determines a greedy answer (canonical JSON).
+
+    Greedy decoding ignores seed, top_p and top_k: they are left out of the key.
+    """
     payload = {
-        "model": model_name,
+        "model": model_id,
         "image": image_digest,
         "messages": [m.model_dump(mode="json") for m in messages],
-        "sampling": sampling.model_dump(mode="json", exclude={"seed"}),  # seed is irrelevant when greedy
+        "sampling": sampling.model_dump(mode="json", exclude={"seed", "top_p", "top_k"}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -39,11 +72,11 @@ def cacheable(spec: JobSpec) -> bool:
     return spec.use_cache and spec.sampling.greedy
 
 
-def cache_key(keys: Keys, model_name: str, spec: JobSpec) -> str | None:
-    """Redis key of ``spec``'s cached result, or None when the job is not cacheable."""
+def cache_key(keys: Keys, model_id: str, spec: JobSpec) -> str | None:
+    """Redis key of ``spec``'s cached result (``model_id`` from ``model_identity``), or None."""
     if not cacheable(spec):
         return None
-    return keys.result_cache(request_hash(model_name, spec.image_digest, spec.messages, spec.sampling))
+    return keys.result_cache(request_hash(model_id, spec.image_digest, spec.messages, spec.sampling))
 
 
 def encode(result: CachedResult) -> str:

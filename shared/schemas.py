@@ -91,6 +91,18 @@ class UsageInfo(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+class ErrorCode(enum.StrEnum):
+    """Why a job did not end ``done``: stored in the job hash (``error_code``), mapped to HTTP codes."""
+
+    BAD_IMAGE = "bad_image"  # the image could not be decoded or processed (client's fault)
+    IMAGE_EXPIRED = "image_expired"  # bytes/tensor gone before use: send the image again
+    INVALID_REQUEST = "invalid_request"  # the engine refused the request (too long, ...)
+    EXPIRED = "expired"  # deadline passed
+    CANCELLED = "cancelled"
+    QUEUE_UNAVAILABLE = "queue_unavailable"  # the decode task could not be enqueued
+    INTERNAL = "internal"  # a bug or a worker crash (dead letter)
+
+
 EventType = Literal["status", "token", "done", "error"]
 
 
@@ -108,6 +120,7 @@ class JobEvent(BaseModel):
     usage: UsageInfo | None = None
     timings: StageTimings | None = None
     error: str | None = None
+    error_code: str | None = None  # bad_image | expired | cancelled | internal | ... (see ErrorCode)
 
     def to_fields(self) -> dict[str, str]:
         return {"data": self.model_dump_json(exclude_none=True)}

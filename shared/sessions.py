@@ -1,50 +1,54 @@
 """Stored conversations (docs/service-contract.md "Sessions"): the hash at ``Keys.session``.
 
-The gateway creates the session; the inference worker records each finished turn. A job's
-``messages`` are the whole conversation up to its user turn, so the stored conversation after
-the job is exactly those messages plus the assistant's answer.
+The gateway creates the session; the inference worker (or the gateway, on a result-cache hit)
+appends each finished turn with ``APPEND_TURN_LUA``, a compare-and-append: the user turn and the
+answer are added only if the session still exists (a DELETE is never undone), still has the
+job's image (a newer image is never overwritten by an older job), and still holds exactly the
+history the job was built on (``len(spec.messages) - 1`` turns; of two concurrent jobs on the
+same history only the first to finish is recorded, never a mix). OpenAI jobs carry their own
+history: they never write a session.
 """
 
 from __future__ import annotations
 
 import json
 import time
-
-import redis
+from typing import Any
 
 from shared.keys import Keys
 from shared.schemas import ChatTurn, JobSpec
 
-
-def conversation_after(spec: JobSpec, answer: str) -> list[ChatTurn]:
-    return [*spec.messages, ChatTurn(role="assistant", text=answer)]
-
-
-def session_fields(spec: JobSpec, answer: str) -> dict[str, str]:
-    """Fields written when ``spec`` is done (image fields only when the job carries an image)."""
-    turns = conversation_after(spec, answer)
-    fields = {
-        "messages": json.dumps([t.model_dump(mode="json") for t in turns]),
-        "updated_at": str(time.time()),
-    }
-    if spec.image_digest:
-        fields["image_digest"] = spec.image_digest
-    if spec.image_format:
-        fields["image_format"] = spec.image_format
-    return fields
+# KEYS: session hash. ARGV: image digest ('' = any), expected stored turn count, new turns JSON,
+# updated_at, ttl. Returns 1 when appended, 0 when the session changed (nothing written).
+APPEND_TURN_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'image_digest') ~= ARGV[1] then return 0 end
+local raw = redis.call('HGET', KEYS[1], 'messages')
+local turns = (raw and raw ~= '') and cjson.decode(raw) or {}
+if #turns ~= tonumber(ARGV[2]) then return 0 end
+for _, turn in ipairs(cjson.decode(ARGV[3])) do table.insert(turns, turn) end
+redis.call('HSET', KEYS[1], 'messages', cjson.encode(turns), 'updated_at', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
 
 
-def record_turn(pipe: redis.client.Pipeline, keys: Keys, spec: JobSpec, answer: str, ttl_s: int) -> None:
-    """Queue the session update on ``pipe`` (no-op for jobs without a session)."""
-    if not spec.session_id:
+def turns_json(turns: list[ChatTurn]) -> str:
+    return json.dumps([t.model_dump(mode="json") for t in turns])
+
+
+def record_turn(pipe: Any, keys: Keys, spec: JobSpec, answer: str, ttl_s: int) -> None:
+    """Queue the compare-and-append on ``pipe`` (sync or asyncio); no-op without a session or for OpenAI."""
+    if not spec.session_id or spec.source == "openai" or not spec.messages:
         return
-    key = keys.session(spec.session_id)
-    pipe.hset(key, mapping=dict(session_fields(spec, answer)))  # type: ignore[arg-type]
-    pipe.expire(key, ttl_s)
+    new = turns_json([spec.messages[-1], ChatTurn(role="assistant", text=answer)])
+    args = [spec.image_digest or "", len(spec.messages) - 1, new, time.time(), ttl_s]
+    pipe.eval(APPEND_TURN_LUA, 1, keys.session(spec.session_id), *args)
 
 
 def load_messages(raw: bytes | str | None) -> list[ChatTurn]:
-    """Parse the ``messages`` field of a session hash."""
+    """Parse the ``messages`` field of a session hash (Lua's cjson writes ``{}`` for an empty list)."""
     if not raw:
         return []
-    return [ChatTurn.model_validate(t) for t in json.loads(raw)]
+    parsed = json.loads(raw)
+    return [ChatTurn.model_validate(t) for t in parsed] if isinstance(parsed, list) else []

@@ -23,16 +23,6 @@ DECODE_TASK = "vlmq.decode"
 DECODE_QUEUE = "decode"
 
 
-def celery_prefix(settings: DecodeWorkerSettings) -> str:
-    """Prefix of Celery's own Redis keys: deployments (and test runs) sharing a Redis stay apart."""
-    return f"{settings.key_prefix}:celery:"
-
-
-def decode_queue_key(settings: DecodeWorkerSettings) -> str:
-    """Redis list holding waiting decode tasks (LLEN = decode queue depth, for admission)."""
-    return f"{celery_prefix(settings)}{DECODE_QUEUE}"
-
-
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
     settings = settings or get_decode_worker_settings()
     app = Celery("vlmq", broker=settings.redis_url, include=["worker.tasks"])
@@ -57,15 +47,10 @@ def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": celery_prefix(settings),
+            "global_keyprefix": settings.keys.celery_prefix(),  # queue list: keys.decode_queue()
         },
     )
     return app
 
 
 app = make_app()
-
-
-def enqueue_decode(job_id: str) -> str:
-    """Send ``vlmq.decode(job_id)`` to the ``decode`` queue; the args carry the id only."""
-    return str(app.send_task(DECODE_TASK, args=[job_id], queue=DECODE_QUEUE).id)

@@ -18,12 +18,18 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
+from shared.formats import ALLOWED_FORMATS, ALLOWED_TEXT
+from shared.schemas import ErrorCode
+
 DRAFT_OVERSAMPLE = 2.0  # keep twice the processor's target resolution per axis before its resize
 
 
 class ImageRejected(ValueError):
     """An image the service refuses; the message is shown to the client as the job's error."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_IMAGE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def configure_pillow(max_pixels: int) -> None:
@@ -49,6 +55,8 @@ def decode_image(
         raise ImageRejected(f"image too large: {exc}") from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageRejected(f"corrupt or truncated image: {exc}") from exc
+    except Exception as exc:  # Pillow on fuzzed files: struct.error, IndexError, TypeError, MemoryError...
+        raise ImageRejected(f"image could not be decoded ({type(exc).__name__}: {exc})") from exc
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
@@ -56,8 +64,12 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         img = Image.open(io.BytesIO(data), formats=None)
     except UnidentifiedImageError as exc:
         raise ImageRejected("not an image (format not recognised)") from exc
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise
+    except Exception as exc:  # a header Pillow cannot parse
+        raise ImageRejected(f"image could not be decoded ({type(exc).__name__}: {exc})") from exc
     if img.format not in ALLOWED_FORMATS:
-        raise ImageRejected(f"unsupported image format {img.format}; allowed: JPEG, PNG, WebP")
+        raise ImageRejected(f"unsupported image format {img.format}; allowed: {ALLOWED_TEXT}")
     width, height = img.size
     if width <= 0 or height <= 0:
         raise ImageRejected("image has no pixels")

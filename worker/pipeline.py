@@ -17,15 +17,15 @@ import redis
 
 from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, status_args
 from shared.keys import Keys
-from shared.schemas import EventType, JobEvent, JobStatus
+from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus
 from shared.tensors import pack_tensors
 from worker.imaging import ImageProcessorHandle, ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
 
-# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA, then job_id.
+# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA (6 values), then job_id.
 # Only from queued/decoding: a redelivered task whose job is already handed over does nothing.
 HANDOFF_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -34,7 +34,7 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_a
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('PUBLISH', KEYS[3], id)
-redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[6])
+redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[7])
 return 1
 """
 
@@ -70,7 +70,8 @@ class DecodePipeline:
             return stop
         attempts = int(self.r.hincrby(self.keys.job(job_id), "decode_attempts", 1))
         if attempts > self.settings.max_decode_attempts:
-            return self.fail(job_id, f"dead letter: decoding was interrupted {attempts - 1} times")
+            reason = f"dead letter: decoding this image was interrupted {attempts - 1} times"
+            return self.fail(job_id, reason, ErrorCode.BAD_IMAGE)
         started = time.time()
         self.r.hset(self.keys.job(job_id), "decode_started_at", str(started))
         self._set_status(
@@ -79,7 +80,7 @@ class DecodePipeline:
         try:
             cache_hit = self._ensure_tensor(job)
         except ImageRejected as exc:
-            return self.fail(job_id, str(exc))
+            return self.fail(job_id, str(exc), exc.code)
         decode_s = time.time() - started
         self.r.hset(
             self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
@@ -91,10 +92,12 @@ class DecodePipeline:
         """Cancelled by the client or past its deadline: finish now, never decode."""
         job_id = job.spec.job_id
         if self.r.exists(self.keys.job_cancel(job_id)):
-            self._finish_status(job_id, JobStatus.CANCELLED, "cancelled", None)
+            self._finish_status(job_id, JobStatus.CANCELLED, None, ErrorCode.CANCELLED)
             return DecodeOutcome("cancelled")
         if job.spec.deadline is not None and time.time() > job.spec.deadline:
-            self._finish_status(job_id, JobStatus.EXPIRED, "expired", "deadline passed before decoding")
+            self._finish_status(
+                job_id, JobStatus.EXPIRED, "deadline passed before decoding", ErrorCode.EXPIRED
+            )
             return DecodeOutcome("expired")
         return None
 
@@ -108,7 +111,9 @@ class DecodePipeline:
             return True
         data = self.r.get(self.keys.image(digest))
         if data is None:
-            raise ImageRejected("image bytes expired before decoding; submit the image again")
+            raise ImageRejected(
+                "image bytes expired before decoding; submit the image again", ErrorCode.IMAGE_EXPIRED
+            )
         tensors = self.decode_bytes(bytes(data))  # type: ignore[arg-type]
         self.r.set(tensor_key, pack_tensors(tensors), ex=self.settings.image_ttl_s)
         return False
@@ -119,7 +124,7 @@ class DecodePipeline:
         )
         try:
             return self.processor(img)
-        except (ValueError, RuntimeError) as exc:  # e.g. extreme aspect ratios
+        except Exception as exc:  # e.g. extreme aspect ratios; any failure here is the image's
             raise ImageRejected(f"image could not be processed: {exc}") from exc
 
     def _hand_over(self, job_id: str, decode_s: float, cache_hit: bool) -> DecodeOutcome:
@@ -129,14 +134,16 @@ class DecodePipeline:
             return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
         return DecodeOutcome("waiting", "", decode_s, cache_hit)
 
-    def fail(self, job_id: str, reason: str) -> DecodeOutcome:
-        self._finish_status(job_id, JobStatus.FAILED, "error", reason)
+    def fail(self, job_id: str, reason: str, code: ErrorCode = ErrorCode.INTERNAL) -> DecodeOutcome:
+        self._finish_status(job_id, JobStatus.FAILED, reason, code)
         return DecodeOutcome("failed", reason)
 
-    def _finish_status(self, job_id: str, status: JobStatus, finish_reason: str, error: str | None) -> None:
+    def _finish_status(self, job_id: str, status: JobStatus, error: str | None, code: ErrorCode) -> None:
         kind: EventType = "error" if status is JobStatus.FAILED else "status"
-        event = JobEvent(type=kind, status=status, finish_reason=finish_reason, error=error)
-        if self._finish(keys=self._job_keys(job_id), args=finish_args(event, status, time.time(), self._ttl)):
+        reason = "error" if kind == "error" else status.value
+        event = JobEvent(type=kind, status=status, finish_reason=reason, error=error, error_code=code)
+        args = finish_args(event, status, time.time(), self._ttl)
+        if self._finish(keys=self._job_keys(job_id), args=args) == 1:
             metrics_hash.inc(self.r, self.keys.metrics_counters(), "jobs_total", outcome=status.value)
 
     # --- helpers ---
@@ -145,7 +152,7 @@ class DecodePipeline:
         return self.settings.job_ttl_s
 
     def _job_keys(self, job_id: str) -> list[str]:
-        return [self.keys.job(job_id), self.keys.job_events(job_id), self.keys.job_wake(job_id)]
+        return job_keys(self.keys, job_id)
 
 
 __all__ = ["DecodeOutcome", "DecodePipeline"]

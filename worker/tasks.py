@@ -14,9 +14,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from shared.config import get_decode_worker_settings
+from shared.schemas import ErrorCode
 from worker.celery_app import DECODE_TASK, app
 from worker.imaging import ImageProcessorHandle, configure_pillow
-from worker.pipeline import DecodePipeline
+from worker.pipeline import DecodeOutcome, DecodePipeline
 
 log = logging.getLogger(__name__)
 REDIS_RETRIES = 5
@@ -48,9 +49,15 @@ def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
     try:
         outcome = pipeline().run(job_id)
     except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
-        outcome = pipeline().fail(job_id, "image decoding took too long")
+        outcome = pipeline().fail(job_id, "image decoding took too long", ErrorCode.BAD_IMAGE)
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, 10)) from exc
+        if self.request.retries >= REDIS_RETRIES:
+            outcome = _fail_quietly(job_id, f"job store unreachable while decoding: {exc}")
+        else:
+            raise self.retry(exc=exc, countdown=min(2**self.request.retries, 10)) from exc
+    except Exception as exc:  # a bug or an unforeseen library error: the job must still end
+        log.exception("job %s: unexpected error while decoding", job_id)
+        outcome = _fail_quietly(job_id, f"internal error while decoding: {type(exc).__name__}: {exc}")
     log.info(
         "job %s: %s %s (%.1f ms%s)",
         job_id,
@@ -60,3 +67,12 @@ def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
         ", tensor cached" if outcome.cache_hit else "",
     )
     return outcome.status
+
+
+def _fail_quietly(job_id: str, reason: str) -> DecodeOutcome:
+    """Fail the job (the task is acked either way); if even that fails, the error is logged."""
+    try:
+        return pipeline().fail(job_id, reason, ErrorCode.INTERNAL)
+    except Exception:
+        log.exception("job %s: could not record the failure", job_id)
+        return DecodeOutcome("failed", reason)

@@ -3,7 +3,8 @@
 Client -> server: a job as JSON (``prompt``, ``image`` as a data URL or omitted within a
 session, ``session_id``, sampling params, ``no_cache: true`` to bypass the result cache),
 or ``{"type": "cancel"}`` to stop the job that is streaming. Jobs sent while one streams
-wait their turn (in order).
+wait their turn (in order), up to ``MAX_PENDING``; past that a submission is refused with an
+error event (the reader never blocks, so a ``cancel`` is always read at once).
 Server -> client: ``{"type": "accepted", "id", "session_id"}``, then the job's events
 (``status``/``token``/``done``/``error``, each with ``id``), then the next job's.
 A refused submission answers ``{"type": "error", "status", "error", "param"}`` and the
@@ -22,7 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from gateway.deps import StateDep
 from gateway.errors import APIError
-from gateway.images import decode_base64_image
+from gateway.images import decode_base64_image_async
 from gateway.jobs import cancel_job
 from gateway.params import parse_params
 from gateway.state import GatewayState
@@ -40,7 +41,7 @@ async def _submit(state: GatewayState, message: dict[str, Any]) -> Accepted:
     image = raw.pop("image", None)
     if image is not None and not isinstance(image, str):
         raise APIError(400, "image: expected a data: URL or base64 string", param="image")
-    data = decode_base64_image(image, state.settings.max_image_bytes) if image else None
+    data = await decode_base64_image_async(image, state.settings.max_image_bytes) if image else None
     params = parse_params(raw)
     prepared = await prepare_job(state, params, data, source="ws")
     return await commit_job(state, prepared, use_result_cache=not no_cache)
@@ -75,7 +76,18 @@ class _Connection:
                 elif message.get("type") == "cancel":
                     await self.cancel_current()
                 else:
-                    await self.inbox.put(message)
+                    await self.enqueue(message)
+
+    async def enqueue(self, message: dict[str, Any]) -> None:
+        try:
+            self.inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            error = (
+                f"too many pending submissions on this connection (max {MAX_PENDING}); wait for one to end"
+            )
+            await self.ws.send_json(
+                {"type": "error", "status": 429, "error": error, "code": "too_many_pending"}
+            )
 
     async def cancel_current(self) -> None:
         if self.current is not None:
@@ -108,6 +120,7 @@ async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
     try:
         while (message := await conn.next_job(reader)) is not None:
             try:
+                state.check_stream_slot()
                 accepted = await _submit(state, message)
             except APIError as exc:
                 await websocket.send_json(_error(exc))

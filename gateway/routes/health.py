@@ -32,6 +32,8 @@ def worker_problems(beats: list[dict[str, Any]], stale_s: float) -> tuple[int, l
         age = now - float(beat.get("ts", 0))
         if age > stale_s:
             reasons.append(f"worker {worker}: heartbeat {age:.1f}s old")
+        elif beat.get("stopping"):
+            reasons.append(f"worker {worker}: shutting down")
         elif not beat.get("healthy"):
             reasons.append(f"worker {worker}: unhealthy ({beat.get('last_error') or 'no reason given'})")
         elif beat.get("model_loaded") is False or not beat.get("model"):
@@ -61,5 +63,5 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
-    body = await state.metrics.render(state.redis, state.keys, state.decode.queue_key)
+    body = await state.metrics.render(state.redis, state.keys)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

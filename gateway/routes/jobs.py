@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from gateway.deps import NoCacheDep, StateDep
 from gateway.forms import read_submission
 from gateway.jobs import cancel_job, job_view
-from gateway.submission import Accepted, commit_job, prepare_job
+from gateway.submission import Accepted, cache_headers, commit_job, prepare_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -42,12 +42,6 @@ def accepted_body(request: Request, accepted: Accepted) -> dict[str, Any]:
             usage=accepted.cached.usage.model_dump(),
         )
     return body
-
-
-def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:
-    if accepted.cached is not None:
-        return {"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"}
-    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": "bypass" if bypassed else "miss"}
 
 
 @router.post("", status_code=202)

@@ -1,6 +1,8 @@
 """OpenAI-compatible API: ``POST /v1/chat/completions`` (stream or not), ``GET /v1/models``.
 
-The client going away before the end cancels the job (abort on disconnect).
+The client going away before the end cancels the job (abort on disconnect). A job that did not
+end ``done`` answers by its ``error_code`` (``TERMINAL_HTTP``): the client's fault is a 4xx (the
+official client retries 5xx, resubmitting), 500 only for internal errors.
 """
 
 from __future__ import annotations
@@ -31,17 +33,29 @@ from gateway.params import SESSION_ID_PATTERN
 from gateway.routes.stream import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
 from gateway.streaming import job_events
-from gateway.submission import Accepted, commit_job
+from gateway.submission import Accepted, cache_headers, commit_job
 from shared.jobs import JobRecord
-from shared.schemas import JobStatus
+from shared.schemas import ErrorCode, JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-_TERMINAL_ERRORS = {
-    JobStatus.FAILED: (500, "generation failed"),
-    JobStatus.EXPIRED: (504, "deadline passed before the answer was complete"),
-    JobStatus.CANCELLED: (409, "the job was cancelled"),
+TERMINAL_HTTP: dict[str, tuple[int, str]] = {
+    ErrorCode.BAD_IMAGE: (400, "the image could not be decoded"),
+    ErrorCode.IMAGE_EXPIRED: (400, "the image expired before it was used; send it again"),
+    ErrorCode.INVALID_REQUEST: (400, "the request was refused"),
+    ErrorCode.EXPIRED: (408, "deadline passed before the answer was complete"),
+    ErrorCode.CANCELLED: (499, "the job was cancelled"),
+    ErrorCode.QUEUE_UNAVAILABLE: (503, "decode queue unavailable, retry shortly"),
+    ErrorCode.INTERNAL: (500, "generation failed"),
 }
+_BY_STATUS = {JobStatus.EXPIRED: ErrorCode.EXPIRED, JobStatus.CANCELLED: ErrorCode.CANCELLED}
+
+
+def terminal_error(status: JobStatus, code: str | None, error: str | None) -> tuple[int, str, str]:
+    """(HTTP status, message, error code) of a job that did not end done."""
+    code = code or _BY_STATUS.get(status, ErrorCode.INTERNAL)
+    http, message = TERMINAL_HTTP.get(code, TERMINAL_HTTP[ErrorCode.INTERNAL])
+    return http, f"{message}: {error}" if error else message, code
 
 
 @router.get("/models")
@@ -58,9 +72,14 @@ async def chat_completions(
     no_cache: NoCacheDep,
     x_session_id: Annotated[str | None, Header(pattern=SESSION_ID_PATTERN)] = None,
 ) -> JSONResponse | EventSourceResponse:
-    prepared = prepare_openai_job(body, state.settings, x_session_id)
+    state.check_stream_slot()  # even a non-streaming answer waits on the job's event stream
+    prepared = await prepare_openai_job(body, state.settings, x_session_id)
     accepted = await commit_job(state, prepared, use_result_cache=not no_cache)
-    headers = _headers(accepted, state.settings.result_cache_ttl_s)
+    headers = {
+        "X-VLMQ-Job-Id": accepted.spec.job_id,
+        "X-Session-Id": accepted.spec.session_id or "",
+        **cache_headers(accepted, no_cache, state.settings.result_cache_ttl_s),
+    }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventSourceResponse(
@@ -83,21 +102,11 @@ async def chat_completions(
             headers={"Retry-After": "1"},
         )
     if record.status != JobStatus.DONE:
-        status, message = _TERMINAL_ERRORS.get(record.status, (500, "generation failed"))
-        detail = f"{message}: {record.error}" if record.error else message
-        raise APIError(status, detail, code=record.status.value)
+        status, message, code = terminal_error(record.status, record.error_code, record.error)
+        raise APIError(status, message, code=code)
     return JSONResponse(
         completion_json(accepted.spec.job_id, state.settings.model_name, record), headers=headers
     )
-
-
-def _headers(accepted: Accepted, max_age: int) -> dict[str, str]:
-    headers = {"X-VLMQ-Job-Id": accepted.spec.job_id, "X-Session-Id": accepted.spec.session_id or ""}
-    if accepted.cached is not None:
-        headers.update({"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"})
-    else:
-        headers["Cache-Control"] = "no-store"
-    return headers
 
 
 async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord | None:
@@ -146,11 +155,10 @@ async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) 
                 yield chunk({}, usage=usage_json(event.usage))
         elif is_terminal(event):
             ended = True
-            status = event.status or JobStatus.FAILED
-            code, message = _TERMINAL_ERRORS.get(status, (500, "generation failed"))
-            yield json.dumps(
-                error_body(code, f"{message}: {event.error}" if event.error else message, code=status.value)
+            http, message, code = terminal_error(
+                event.status or JobStatus.FAILED, event.error_code, event.error
             )
+            yield json.dumps(error_body(http, message, code=code))
     if not ended:  # this gateway is shutting down: say so rather than end as if complete
         with contextlib.suppress(APIError):
             await cancel_job(state, job_id)

@@ -18,7 +18,7 @@ from sse_starlette import EventSourceResponse
 from gateway.deps import StateDep
 from gateway.errors import APIError, error_body
 from gateway.events import check_event_id
-from gateway.jobs import load_record
+from gateway.jobs import current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from gateway.streaming import event_payload, job_events, until_disconnect, ws_open, ws_send_events
@@ -43,8 +43,9 @@ async def job_events_sse(
     last_event_id: Annotated[str | None, Query()] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
-    record = await load_record(state, job_id)
+    record = await current_record(state, job_id)
     last_id = check_event_id(last_event_id_header or last_event_id)
+    state.check_stream_slot()
     stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
     return EventSourceResponse(
         stream,
@@ -61,10 +62,12 @@ async def job_events_ws(
 ) -> None:
     await websocket.accept()
     try:
-        record = await load_record(state, job_id)
+        record = await current_record(state, job_id)
         last_id = check_event_id(last_event_id)
+        state.check_stream_slot()
     except APIError as exc:
-        await websocket.send_json({"type": "error", **error_body(exc.status_code, exc.message, exc.param)})
+        body = error_body(exc.status_code, exc.message, exc.param, exc.code)
+        await websocket.send_json({"type": "error", **body})
         await websocket.close(code=4000 + exc.status_code, reason=exc.message[:120])
         return
     events = job_events(state, job_id, last_id, "ws", record.spec.cancel_on_disconnect)

@@ -3,7 +3,9 @@
 Everything here runs on the main thread; the engine decodes on its own thread and the
 ``EventWriter`` thread writes its events. ``InferenceWorker.run()`` returns after a SIGTERM once
 in-flight jobs have finished (or ``drain_timeout_s`` passed: the rest are released to the
-group, status back to ``waiting``, for another worker to claim).
+group, status back to ``waiting``, for another worker to claim). Entries are renewed every
+heartbeat, during the drain too; an entry another worker claimed meanwhile is dropped here (its
+attempt is fenced: it can no longer write the job).
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from typing import Any
 
 import redis
 
-from services.engine.api import ImageInput, RequestRejected
-from services.adapter.events import EventWriter, JobRun, WriterConfig
+from services.adapter.finish import WriterConfig
 from services.adapter.requests import build_request, needs_image
+from services.adapter.run import JobRun
 from services.adapter.store import JobStore
 from services.adapter.stream import Entry, StreamConsumer
+from services.adapter.writer import EventWriter
+from services.engine.api import ImageInput, RequestRejected
 from shared import metrics_hash
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord
-from shared.schemas import JobStatus
+from shared.schemas import ErrorCode, JobStatus
 from shared.tensors import TensorCodecError
 
 log = logging.getLogger(__name__)
@@ -50,7 +54,7 @@ class InferenceWorker:
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
         self.store = JobStore(client, self.keys, settings.job_ttl_s, settings.image_ttl_s)
         self.consumer = StreamConsumer(client, self.keys.inference_stream(), self.worker_id)
-        config = WriterConfig(settings.model_name, settings.session_ttl_s, settings.result_cache_ttl_s)
+        config = WriterConfig(settings.result_model_id, settings.session_ttl_s, settings.result_cache_ttl_s)
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}
         self._lock = threading.Lock()
@@ -86,7 +90,7 @@ class InferenceWorker:
         if now >= self._next["heartbeat"]:
             self._next["heartbeat"] = now + self.settings.heartbeat_s
             self.heartbeat()
-            self.consumer.renew([run.entry.entry_id for run in self._runs()])
+            self.renew()
         if now >= self._next["cancel"]:
             self._next["cancel"] = now + CANCEL_POLL_S
             self.poll_cancels()
@@ -105,7 +109,10 @@ class InferenceWorker:
         started = time.monotonic()
         while self._runs() and time.monotonic() < started + self.settings.drain_timeout_s:  # 2nd signal: 0
             self.poll_cancels()
-            self.heartbeat()
+            if time.monotonic() >= self._next["heartbeat"]:
+                self._next["heartbeat"] = time.monotonic() + self.settings.heartbeat_s
+                self.heartbeat()
+                self.renew()
             time.sleep(CANCEL_POLL_S)
         leftover = self._runs()
         for run in leftover:  # another worker claims them; never left "generating" here
@@ -126,7 +133,7 @@ class InferenceWorker:
         except Exception as exc:  # a malformed job must not crash the worker (nor loop forever)
             log.exception("job %s: cannot start", entry.job_id)
             self._forget(entry.job_id)
-            self.store.fail(entry.job_id, f"internal error starting the job: {exc}", 0)
+            self.store.fail(entry.job_id, f"internal error starting the job: {exc}", 0, fenced=False)
             self._ack(entry, outcome=JobStatus.FAILED)
 
     def _handle(self, entry: Entry) -> None:
@@ -138,9 +145,7 @@ class InferenceWorker:
             return None  # already running here (claimed back our own entry)
         attempt = self.store.begin_attempt(entry.job_id)
         if attempt > self.settings.max_deliveries:
-            self.store.dead_letter(
-                entry.job_id, attempt - 1, f"delivered {attempt - 1} times without finishing"
-            )
+            self.store.dead_letter(entry.job_id, attempt, f"delivered {attempt - 1} times without finishing")
             return self._ack(entry, outcome=JobStatus.FAILED)
         if reason := self._refusal(record, attempt):
             return self._ack(entry, outcome=reason)
@@ -148,7 +153,7 @@ class InferenceWorker:
             self._submit(entry, record, fields, attempt)
         except (RequestRejected, LookupError, TensorCodecError) as exc:
             self._forget(entry.job_id)
-            self.store.fail(entry.job_id, str(exc), attempt)
+            self.store.fail(entry.job_id, str(exc), attempt, _error_code(exc))
             self._ack(entry, outcome=JobStatus.FAILED)
         return None
 
@@ -197,8 +202,23 @@ class InferenceWorker:
             runs[job_id].cancel_sent = True
             self.engine.cancel(runs[job_id].request_id)
 
+    def renew(self) -> None:
+        """Keep this worker's entries from going idle; drop the runs of entries it no longer owns."""
+        runs = self._runs()
+        lost = self.consumer.renew([run.entry.entry_id for run in runs])
+        for run in runs:
+            if run.entry.entry_id in lost:
+                log.warning("job %s: claimed by another worker; dropping attempt %d", run.job_id, run.attempt)
+                run.released = True
+                self.engine.cancel(run.request_id)
+                self._forget(run.job_id)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.engine.healthy) and self.writer.error is None
+
     def free_slots(self) -> int:
-        if self.stopping.is_set() or not self.engine.healthy:
+        if self.stopping.is_set() or not self.healthy:
             return 0
         return self.capacity - len(self._run_ids())
 
@@ -208,8 +228,8 @@ class InferenceWorker:
             "model": self.settings.model,
             "quantize": self.settings.quantize,
             "device": self.settings.device,
-            "healthy": bool(self.engine.healthy),
-            "last_error": self.engine.last_error,
+            "healthy": self.healthy,
+            "last_error": self.writer.error or self.engine.last_error,
             "ts": time.time(),
             "inflight": len(self._run_ids()),
             "capacity": self.capacity,
@@ -217,7 +237,7 @@ class InferenceWorker:
             "writer": {"events": self.writer.events, "flushes": self.writer.flushes},
             "engine": self.engine.stats().to_dict(),
         }
-        ttl_ms = int(3000 * self.settings.heartbeat_s)
+        ttl_ms = int(1000 * self.settings.worker_stale_s)  # the gateway's staleness rule, same setting
         self.r.set(self.keys.worker_heartbeat(self.worker_id), json.dumps(beat, default=str), px=ttl_ms)
 
     def _finished(self, run: JobRun) -> None:
@@ -243,6 +263,14 @@ class InferenceWorker:
     def _run_ids(self) -> set[str]:
         with self._lock:
             return set(self.runs)
+
+
+def _error_code(exc: Exception) -> ErrorCode:
+    if isinstance(exc, RequestRejected):
+        return ErrorCode.INVALID_REQUEST
+    if isinstance(exc, LookupError):
+        return ErrorCode.IMAGE_EXPIRED
+    return ErrorCode.INTERNAL  # a stored tensor we cannot read
 
 
 def _seconds_between(start: float, end: str | None) -> float:

@@ -1,23 +1,24 @@
 """Job records as the inference worker sees them: load, start an attempt, tensors, published tokens.
 
 Terminal states go through shared/jobs.py's FINISH_LUA (``finish`` queues it on a pipeline, so
-the writer thread can put it in the same round trip as the last token events).
+the writer thread can put it in the same round trip as the last token events). Every write of an
+attempt is fenced with its number: once another attempt began, this one can no longer write.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import redis
 
-from services.engine.api import ImageInput
 from services.adapter.requests import image_input
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, status_args
+from services.engine.api import ImageInput
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, status_args
 from shared.keys import Keys
-from shared.schemas import JobEvent, JobStatus
+from shared.schemas import ErrorCode, JobEvent, JobStatus
 from shared.tensors import TensorCodecError, unpack_tensors
+from shared.values import as_str
 
 
 class JobStore:
@@ -35,7 +36,7 @@ class JobStore:
         raw = self.r.hgetall(self.keys.job(job_id))
         if not raw or b"spec" not in raw:
             return None
-        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        fields = {as_str(k): as_str(v) for k, v in raw.items()}
         return JobRecord.from_hash(raw), fields
 
     def cancel_requested(self, job_ids: list[str]) -> list[str]:
@@ -81,19 +82,34 @@ class JobStore:
         return int(self.r.hincrby(self.keys.job(job_id), "attempt", 1))
 
     def set_status(self, job_id: str, status: JobStatus, attempt: int, client: Any = None) -> Any:
-        args = status_args(status, time.time(), self.job_ttl_s, attempt)
+        """SET_STATUS_LUA fenced by ``attempt`` (refused once another attempt began)."""
+        args = status_args(status, time.time(), self.job_ttl_s, attempt, fence=attempt)
         return self._set_status(keys=self.job_keys(job_id), args=args, client=client)
 
-    def finish(self, job_id: str, event: JobEvent, status: JobStatus, client: Any = None) -> Any:
-        """FINISH_LUA (1 = this call wrote the terminal state, 0 = it was already terminal)."""
-        args = finish_args(event, status, time.time(), self.job_ttl_s)
+    def finish(
+        self, job_id: str, event: JobEvent, status: JobStatus, fence: int | None, client: Any = None
+    ) -> Any:
+        """FINISH_LUA: 1 written, 2 written before by this attempt, 0 already terminal, -1 fenced."""
+        args = finish_args(event, status, time.time(), self.job_ttl_s, fence=fence)
         return self._finish(keys=self.job_keys(job_id), args=args, client=client)
 
-    def fail(self, job_id: str, reason: str, attempt: int) -> bool:
+    def fail(
+        self,
+        job_id: str,
+        reason: str,
+        attempt: int,
+        code: ErrorCode = ErrorCode.INTERNAL,
+        fenced: bool = True,
+    ) -> bool:
         event = JobEvent(
-            type="error", attempt=attempt, status=JobStatus.FAILED, finish_reason="error", error=reason
+            type="error",
+            attempt=attempt,
+            status=JobStatus.FAILED,
+            finish_reason="error",
+            error=reason,
+            error_code=code,
         )
-        return bool(self.finish(job_id, event, JobStatus.FAILED))
+        return self.finish(job_id, event, JobStatus.FAILED, attempt if fenced else None) in (1, 2)
 
     def expire(self, job_id: str, attempt: int) -> bool:
         event = JobEvent(
@@ -102,23 +118,25 @@ class JobStore:
             status=JobStatus.EXPIRED,
             finish_reason="expired",
             error="deadline passed before generation",
+            error_code=ErrorCode.EXPIRED,
         )
-        return bool(self.finish(job_id, event, JobStatus.EXPIRED))
+        return self.finish(job_id, event, JobStatus.EXPIRED, attempt) in (1, 2)
 
     def cancel(self, job_id: str, attempt: int) -> bool:
         event = JobEvent(
-            type="status", attempt=attempt, status=JobStatus.CANCELLED, finish_reason="cancelled"
+            type="status",
+            attempt=attempt,
+            status=JobStatus.CANCELLED,
+            finish_reason="cancelled",
+            error_code=ErrorCode.CANCELLED,
         )
-        return bool(self.finish(job_id, event, JobStatus.CANCELLED))
+        return self.finish(job_id, event, JobStatus.CANCELLED, attempt) in (1, 2)
 
-    def dead_letter(self, job_id: str, attempts: int, reason: str) -> None:
-        self.fail(job_id, f"dead letter: {reason}", attempts)
-        payload = {"job_id": job_id, "attempts": str(attempts), "reason": reason, "ts": str(time.time())}
+    def dead_letter(self, job_id: str, attempt: int, reason: str) -> None:
+        """Fail the job (the delivery cap was passed by ``attempt``) and record it in the dead letters."""
+        self.fail(job_id, f"dead letter: {reason}", attempt)
+        payload = {"job_id": job_id, "attempts": str(attempt - 1), "reason": reason, "ts": str(time.time())}
         self.r.xadd(self.keys.dead_letters(), payload, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
 
     def job_keys(self, job_id: str) -> list[str]:
-        return [self.keys.job(job_id), self.keys.job_events(job_id), self.keys.job_wake(job_id)]
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+        return job_keys(self.keys, job_id)

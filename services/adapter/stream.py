@@ -1,8 +1,9 @@
 """The inference stream's consumer group: the only place that speaks XREADGROUP/XAUTOCLAIM/XACK.
 
 An entry stays in the group's pending list until ``ack`` (after the job's terminal state is
-written). A live worker renews its entries (``renew``: XCLAIM to itself, idle time back to
-0) so only entries of dead workers go idle long enough for ``claim_idle`` to take them.
+written). A live worker renews its entries (``renew``: idle time back to 0, only for entries it
+still owns: never one another worker has claimed meanwhile) so only entries of dead workers go
+idle long enough for ``claim_idle`` to take them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,21 @@ from typing import Any
 import redis
 
 from shared.keys import INFERENCE_GROUP
+from shared.values import as_str
+
+# KEYS: stream. ARGV: group, consumer, entry ids. Resets the idle time of the entries still owned
+# by the consumer (owner checked atomically with XPENDING); returns those ids.
+RENEW_LUA = """
+local owned = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p[1] and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    table.insert(owned, ARGV[i])
+  end
+end
+return owned
+"""
 
 
 @dataclass(frozen=True)
@@ -28,6 +44,7 @@ class StreamConsumer:
         self.group = group
         self.consumer = consumer
         self._claim_cursor = "0-0"
+        self._renew = client.register_script(RENEW_LUA)
 
     def ensure_group(self) -> None:
         try:
@@ -57,13 +74,15 @@ class StreamConsumer:
         reply = self.r.xautoclaim(
             self.stream, self.group, self.consumer, min_idle_ms, start_id=self._claim_cursor, count=count
         )
-        self._claim_cursor = _str(reply[0])
+        self._claim_cursor = as_str(reply[0])
         return list(_entries(reply[1]))
 
-    def renew(self, entry_ids: list[str]) -> None:
-        """Reset the idle time of entries this worker is still working on (no delivery count bump)."""
-        if entry_ids:
-            self.r.xclaim(self.stream, self.group, self.consumer, 0, entry_ids, justid=True)
+    def renew(self, entry_ids: list[str]) -> set[str]:
+        """Reset the idle time of entries this worker still owns; returns the ids it no longer owns."""
+        if not entry_ids:
+            return set()
+        owned = self._renew(keys=[self.stream], args=[self.group, self.consumer, *entry_ids])
+        return set(entry_ids) - {as_str(e) for e in owned}
 
     def ack(self, pipe: redis.client.Pipeline, entry_id: str) -> None:
         """Queue XACK + XDEL on ``pipe``: the stream only holds unfinished work."""
@@ -74,23 +93,15 @@ class StreamConsumer:
         """Forget consumers (workers gone long ago) that hold no pending entries; returns how many."""
         pruned = 0
         for info in self.r.xinfo_consumers(self.stream, self.group):
-            name = _str(info["name"])
+            name = as_str(info["name"])
             if name != self.consumer and int(info["pending"]) == 0 and int(info["idle"]) >= min_idle_ms:
                 pruned += int(self.r.xgroup_delconsumer(self.stream, self.group, name) == 0)
         return pruned
-
-    def pending_count(self) -> int:
-        info = self.r.xpending(self.stream, self.group)
-        return int(info["pending"]) if info else 0
 
 
 def _entries(items: list) -> list[Entry]:  # type: ignore[type-arg]
     out = []
     for entry_id, fields in items:
         job_id = (fields or {}).get(b"job_id") or (fields or {}).get("job_id") or b""  # "" = deleted entry
-        out.append(Entry(_str(entry_id), _str(job_id)))
+        out.append(Entry(as_str(entry_id), as_str(job_id)))
     return out
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

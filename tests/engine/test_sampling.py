@@ -89,8 +89,18 @@ def test_detokenizer_holds_back_possible_stop_prefixes():
             break
     assert stopped and "".join(deltas) == "hell"
     d2 = Detokenizer(_CharTokenizer(), stop=())
-    assert d2.step([0, 6], final=False) == ("he", False)  # incomplete character held back
-    assert d2.step([0, 2], final=True) == ("o", False)
+    assert d2.step([0], final=False) == ("he", False)
+    assert d2.step([0, 6], final=False) == ("", False)  # incomplete character held back
+    assert d2.step([0, 6], final=True) == ("", False)  # and dropped if the answer ends there
+
+
+def test_incremental_text_equals_full_decode(bundled):
+    tok = bundled[1].tokenizer
+    text = "The red circle is left of the big blue star, 3 shapes in all: ünïcödé ✓ ok"
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    d = Detokenizer(tok, stop=())
+    out = "".join(d.step(ids[: i + 1], final=i == len(ids) - 1)[0] for i in range(len(ids)))
+    assert out == tok.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("mode", ["bf16", "int8"])

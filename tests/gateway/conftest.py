@@ -23,6 +23,7 @@ GATEWAY_ENV = {
     "VLMQ_MAX_PROMPT_CHARS": "2000",
     "VLMQ_MAX_TOKENS_LIMIT": "256",
     "VLMQ_WORKER_STALE_S": "3",
+    "VLMQ_MAX_QUEUE_DEPTH": "100000",  # no decode worker consumes here: the queue only grows
 }
 
 

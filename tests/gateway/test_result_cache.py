@@ -23,7 +23,7 @@ JPEG = image_bytes("JPEG", (100, 80), seed=21)
 def seed_cache_from(r: redis.Redis, stack: ServiceStack, job_id: str, text: str) -> None:
     """Write the cached result the way the inference worker does for this job's spec."""
     spec = JobRecord.from_hash(r.hgetall(stack.keys.job(job_id))).spec
-    key = result_cache.cache_key(stack.keys, stack.settings.model_name, spec)
+    key = result_cache.cache_key(stack.keys, stack.settings.result_model_id, spec)
     assert key is not None
     cached = result_cache.CachedResult(
         text=text, usage=UsageInfo(prompt_tokens=90, completion_tokens=3), finish_reason="stop"
@@ -72,7 +72,7 @@ async def test_sampling_is_never_cached(
 ) -> None:
     first = await post(client, session_id="rc-2", temperature=0.8)
     spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(first.json()["id"]))).spec
-    assert result_cache.cache_key(gateway.keys, gateway.settings.model_name, spec) is None
+    assert result_cache.cache_key(gateway.keys, gateway.settings.result_model_id, spec) is None
     assert (await post(client, session_id="rc-3", temperature=0.8)).json()["status"] == "queued"
 
 

@@ -12,7 +12,7 @@ import redis
 
 from shared.jobs import JobRecord
 from shared.schemas import JobEvent, JobStatus
-from tests.gateway.workerside import decode_tasks
+from tests.gateway.workerside import decode_tasks, record_turn
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
 
@@ -94,12 +94,8 @@ async def test_session_turn_without_image_uses_session_image(
 ) -> None:
     first = (await submit(client, prompt="What colour is the square?", system="Be brief.")).json()
     sid = first["session_id"]
-    # The worker records the finished turn; do what it does (shared.sessions.session_fields).
-    from shared.sessions import session_fields
-
     spec1 = JobRecord.from_hash(r.hgetall(gateway.keys.job(first["id"]))).spec
-    fields: Any = session_fields(spec1, "Red.")
-    r.hset(gateway.keys.session(sid), mapping=fields)
+    assert record_turn(r, gateway.keys, spec1, "Red.")  # what the worker does on done
     resp = await client.post("/v1/jobs", json={"prompt": "And the circle?", "session_id": sid})
     assert resp.status_code == 202, resp.text
     assert resp.json()["session_id"] == sid
@@ -145,10 +141,7 @@ async def test_new_image_restarts_the_session(
 ) -> None:
     first = await submit(client, prompt="What colour?", session_id="switch-1")
     spec1 = JobRecord.from_hash(r.hgetall(gateway.keys.job(first.json()["id"]))).spec
-    from shared.sessions import session_fields
-
-    fields: Any = session_fields(spec1, "Red.")
-    r.hset(gateway.keys.session("switch-1"), mapping=fields)
+    assert record_turn(r, gateway.keys, spec1, "Red.")
     other = image_bytes("PNG", (90, 90), seed=77)
     resp = await submit(client, other, prompt="And now?", session_id="switch-1")
     spec2 = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.json()["id"]))).spec

@@ -10,15 +10,14 @@ from typing import Any
 
 import redis
 
-from shared.config import DecodeWorkerSettings
-from shared.jobs import EVENTS_MAXLEN, FINISH_LUA, SET_STATUS_LUA, finish_args, status_args
+from shared import sessions
+from shared.jobs import EVENTS_MAXLEN, FINISH_LUA, SET_STATUS_LUA, finish_args, job_keys, status_args
 from shared.keys import Keys
-from shared.schemas import JobEvent, JobStatus, StageTimings, UsageInfo
-from worker.celery_app import decode_queue_key
+from shared.schemas import JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
 
 
 def queue_key(prefix: str) -> str:
-    return decode_queue_key(DecodeWorkerSettings(_env_file=None, key_prefix=prefix))  # type: ignore[call-arg]
+    return Keys(prefix).decode_queue()
 
 
 def decode_tasks(r: redis.Redis, prefix: str) -> list[str]:
@@ -32,13 +31,9 @@ def decode_tasks(r: redis.Redis, prefix: str) -> list[str]:
     return ids
 
 
-def _job_keys(keys: Keys, job_id: str) -> list[str]:
-    return [keys.job(job_id), keys.job_events(job_id), keys.job_wake(job_id)]
-
-
 def set_status(r: redis.Redis, keys: Keys, job_id: str, status: JobStatus, attempt: int = 1) -> bool:
     args = status_args(status, time.time(), 3600, attempt)
-    return bool(r.eval(SET_STATUS_LUA, 3, *_job_keys(keys, job_id), *args))
+    return bool(r.eval(SET_STATUS_LUA, 3, *job_keys(keys, job_id), *args))
 
 
 def emit_token(r: redis.Redis, keys: Keys, job_id: str, text: str, index: int, attempt: int = 1) -> str:
@@ -67,13 +62,20 @@ def finish_done(
         type="done", attempt=attempt, final_text=text, finish_reason="stop", usage=usage, timings=timings
     )
     args = finish_args(event, JobStatus.DONE, time.time(), 3600)
-    return bool(r.eval(FINISH_LUA, 3, *_job_keys(keys, job_id), *args))
+    return bool(r.eval(FINISH_LUA, 3, *job_keys(keys, job_id), *args))
 
 
-def finish_failed(r: redis.Redis, keys: Keys, job_id: str, error: str) -> bool:
-    event = JobEvent(type="error", error=error, finish_reason="error")
+def finish_failed(r: redis.Redis, keys: Keys, job_id: str, error: str, code: str | None = None) -> bool:
+    event = JobEvent(type="error", error=error, finish_reason="error", error_code=code)
     args = finish_args(event, JobStatus.FAILED, time.time(), 3600)
-    return bool(r.eval(FINISH_LUA, 3, *_job_keys(keys, job_id), *args))
+    return bool(r.eval(FINISH_LUA, 3, *job_keys(keys, job_id), *args))
+
+
+def record_turn(r: redis.Redis, keys: Keys, spec: JobSpec, answer: str) -> bool:
+    """What the inference worker does on done: compare-and-append the turn to the session."""
+    pipe = r.pipeline()
+    sessions.record_turn(pipe, keys, spec, answer, 600)
+    return bool(pipe.execute()[0])
 
 
 def run_job(r: redis.Redis, keys: Keys, job_id: str, pieces: list[str], attempt: int = 1) -> list[str]:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from services.engine import Engine
 from services.adapter.requests import build_request
 from services.adapter.store import JobStore
+from services.engine import Engine
 from shared import result_cache
 from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP
@@ -27,6 +27,9 @@ def submit(stack: ServiceStack, max_tokens: int = 8, seed: int = 0, **kwargs: ob
     data = J.image_bytes("JPEG", (320, 240), seed=seed)
     spec = J.make_spec(digest=J.store_image(stack.redis, stack.keys, data), max_tokens=max_tokens, **kwargs)  # type: ignore[arg-type]
     J.create_job(stack.redis, stack.keys, spec)
+    if spec.session_id:  # the gateway creates the session before the job runs
+        fields = {"image_digest": spec.image_digest or "", "messages": "[]"}
+        stack.redis.hset(stack.keys.session(spec.session_id), mapping=fields)
     stack.enqueue_decode(spec.job_id)
     return spec
 
@@ -87,7 +90,7 @@ def test_job_done_equals_engine_generate_sync(
     session = inference_stack.redis.hgetall(inference_stack.keys.session(spec.session_id))
     turns = load_messages(session[b"messages"])
     assert [t.role for t in turns] == ["user", "assistant"] and turns[-1].text == text
-    key = result_cache.cache_key(inference_stack.keys, inference_stack.settings.model_name, spec)
+    key = result_cache.cache_key(inference_stack.keys, inference_stack.settings.result_model_id, spec)
     cached = result_cache.decode(inference_stack.redis.get(key))
     assert cached and cached.text == text
     assert (

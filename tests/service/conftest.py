@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.engine import Engine, EngineConfig
 from services.adapter.requests import build_request, image_input
+from services.engine import Engine, EngineConfig
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobSpec
 from shared.tensors import pack_tensors, unpack_tensors

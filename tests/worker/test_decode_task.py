@@ -22,7 +22,7 @@ from shared.tensors import unpack_tensors
 from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 from tests.worker.images import bad_images, good_images
-from worker.celery_app import DECODE_TASK, decode_queue_key, make_app
+from worker.celery_app import DECODE_TASK, make_app
 from worker.imaging import ImageProcessorHandle, configure_pillow, decode_image
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_task_message_carries_the_job_id_only(decode_stack: ServiceStack) -> Non
     try:
         job_id = uuid.uuid4().hex
         app.send_task(DECODE_TASK, args=[job_id])
-        raw = decode_stack.redis.lrange(decode_queue_key(settings), 0, -1)
+        raw = decode_stack.redis.lrange(settings.keys.decode_queue(), 0, -1)
     finally:
         app.close()
     assert len(raw) == 1

@@ -1,0 +1,77 @@
+"""Admission before work (architecture contract): refuse a job while the queues are full.
+
+Depth = decode tasks waiting (LLEN of the Celery queue list) + the inference backlog (XLEN of
+the inference stream: acknowledged entries are deleted, so it holds waiting and running jobs).
+Checked before any byte is stored or any task enqueued. Overload -> 429 with ``Retry-After``:
+the seconds the workers need to bring the depth back under the cap, at their recent completion
+rate (``jobs_total`` in the workers' metrics hash, sampled here over the last minute).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.errors import APIError
+from shared.keys import Keys
+from shared.metrics_hash import parse_series
+from shared.values import as_str
+
+RATE_WINDOW_S = 60.0
+DEFAULT_RATE = 1.0  # jobs/s assumed until two samples exist
+MAX_RETRY_AFTER_S = 300
+
+
+async def queue_depth(redis: aioredis.Redis, keys: Keys) -> int:
+    """Jobs waiting for decode plus jobs in the inference stream (one round trip)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.llen(keys.decode_queue())
+        pipe.xlen(keys.inference_stream())
+        decode, inference = await pipe.execute()
+    return int(decode) + int(inference)
+
+
+class Throughput:
+    """Jobs finished per second, cluster-wide, from samples of the workers' ``jobs_total``."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, float]] = deque()
+
+    async def rate(self, redis: aioredis.Redis, keys: Keys) -> float:
+        now, total = time.monotonic(), await jobs_total(redis, keys)
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and self.samples[0][0] < now - RATE_WINDOW_S:
+            self.samples.popleft()
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        if t1 - t0 < 1.0 or n1 <= n0:
+            return DEFAULT_RATE
+        return (n1 - n0) / (t1 - t0)
+
+
+async def jobs_total(redis: aioredis.Redis, keys: Keys) -> float:
+    raw: Any = await redis.hgetall(keys.metrics_counters())
+    total = 0.0
+    for name, value in raw.items():
+        parsed = parse_series(as_str(name))
+        if parsed is not None and parsed[0] == "jobs_total":
+            total += float(as_str(value))
+    return total
+
+
+async def admit(redis: aioredis.Redis, keys: Keys, max_depth: int, throughput: Throughput) -> None:
+    """Raise 429 (with Retry-After) when ``max_depth`` jobs are already queued."""
+    depth = await queue_depth(redis, keys)
+    if depth < max_depth:
+        return
+    rate = await throughput.rate(redis, keys)
+    wait = min(MAX_RETRY_AFTER_S, max(1, math.ceil((depth - max_depth + 1) / rate)))
+    raise APIError(
+        429,
+        f"server busy: {depth} jobs queued (limit {max_depth}); retry in {wait} s",
+        code="queue_full",
+        headers={"Retry-After": str(wait)},
+    )

@@ -1,0 +1,96 @@
+"""After a job's terminal state is written: session, result cache, metrics, then XACK.
+
+Runs on the writer thread, in one round trip per flush. Side effects happen only for the
+attempt whose FINISH wrote the terminal state (reply 1, or 2 for a re-sent FINISH whose first
+reply was lost); an entry is acknowledged unless another attempt owns the job (reply -1: that
+attempt acknowledges it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from services.adapter.run import JobRun
+from services.adapter.stream import StreamConsumer
+from shared import metrics_hash, result_cache, sessions
+from shared.keys import Keys
+from shared.schemas import JobEvent, JobStatus
+
+log = logging.getLogger(__name__)
+FENCED = -1
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    model_id: str  # result_cache.model_identity(...): the weights that answer
+    session_ttl_s: int
+    result_cache_ttl_s: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    run: JobRun
+    event: JobEvent
+    status: JobStatus
+    reply: int  # FINISH_LUA's reply: 1 written, 2 written before by this attempt, 0 terminal, -1 fenced
+
+    @property
+    def wrote(self) -> bool:
+        return self.reply in (1, 2)
+
+
+class FinishEffects:
+    def __init__(self, client: Any, keys: Keys, consumer: StreamConsumer, config: WriterConfig) -> None:
+        self.r = client
+        self.keys = keys
+        self.consumer = consumer
+        self.config = config
+
+    def after_finish(self, done: list[Finished]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for item in done:
+            if item.wrote:  # this attempt wrote the terminal state: its side effects happen once
+                self._side_effects(pipe, item.run, item.event, item.status)
+            if item.reply != FENCED:
+                self.consumer.ack(pipe, item.run.entry.entry_id)
+        pipe.execute()
+        for item in done:
+            note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
+            log.info(
+                "job %s attempt %d: %s%s (%d tokens)",
+                item.run.job_id,
+                item.run.attempt,
+                item.status.value,
+                note.get(item.reply, ""),
+                len(item.run.token_ids),
+            )
+
+    def ack(self, run: JobRun) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        self.consumer.ack(pipe, run.entry.entry_id)
+        pipe.execute()
+
+    def _side_effects(self, pipe: Any, run: JobRun, event: JobEvent, status: JobStatus) -> None:
+        key = self.keys.metrics_counters()
+        metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
+        if status is not JobStatus.DONE:
+            return
+        sessions.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
+        cache_key = result_cache.cache_key(self.keys, self.config.model_id, run.spec)
+        if cache_key and event.usage is not None:
+            record = result_cache.CachedResult(
+                text=run.text, usage=event.usage, finish_reason=event.finish_reason or "stop"
+            )
+            pipe.set(cache_key, result_cache.encode(record), ex=self.config.result_cache_ttl_s)
+        if event.usage is not None:
+            for kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+                metrics_hash.inc(
+                    pipe, key, "tokens_total", getattr(event.usage, kind), kind=kind.split("_")[0]
+                )
+        if event.timings is not None:
+            for stage, seconds in event.timings.model_dump().items():
+                metrics_hash.observe(pipe, key, "stage_seconds", seconds, stage=stage)
+        gaps = [b - a for a, b in zip(run.token_times, run.token_times[1:], strict=False)]
+        metrics_hash.observe_many(pipe, key, "inter_token_seconds", gaps)

@@ -1,0 +1,184 @@
+"""The event writer against a real Redis, fed engine events by hand (no engine, no model).
+
+Faults are real Redis replies: a connection that drops after EXEC ran (the reply is lost), a
+newer attempt owning the job, a script error. The only stand-in is a redis-py client whose
+pipeline raises ConnectionError after its first successful EXEC (a lost reply).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from services.adapter.finish import WriterConfig
+from services.adapter.run import JobRun
+from services.adapter.store import JobStore
+from services.adapter.stream import StreamConsumer
+from services.adapter.writer import EventWriter
+from services.engine.api import FinishReason, TokenEvent, Usage
+from shared import metrics_hash
+from shared.keys import INFERENCE_GROUP, Keys
+from shared.schemas import ChatTurn, JobSpec, JobStatus
+from shared.sessions import load_messages
+from tests.support import jobs as J
+
+
+class LostReplyPipeline(redis.client.Pipeline):  # type: ignore[type-arg]
+    lose_next = False
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        result = super().execute(raise_on_error)
+        if LostReplyPipeline.lose_next and result:
+            LostReplyPipeline.lose_next = False
+            raise redis.ConnectionError("connection lost after EXEC (test)")
+        return result
+
+
+class LostReplyRedis(redis.Redis):
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        return LostReplyPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+class Harness:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r: Any = client
+        self.keys = keys
+        self.store = JobStore(client, keys, 3600, 900)
+        self.consumer = StreamConsumer(client, keys.inference_stream(), "w1")
+        self.consumer.ensure_group()
+        self.cancelled: list[str] = []
+        self.finished: list[str] = []
+        config = WriterConfig("model-x", 600, 600)
+        self.writer = EventWriter(
+            client,
+            self.store,
+            self.consumer,
+            config,
+            lambda run: self.finished.append(run.job_id),
+            self.cancelled.append,
+        )
+
+    def start_job(self, session: bool = True, attempt: int = 1) -> JobRun:
+        spec = J.make_spec(
+            "Colour?", max_tokens=3, session_id="s-" + J.uuid.uuid4().hex[:6] if session else None
+        )
+        J.create_job(self.r, self.keys, spec)
+        if session:
+            self.r.hset(self.keys.session(spec.session_id), mapping={"messages": "[]", "image_digest": ""})
+        self.r.hset(self.keys.job(spec.job_id), mapping={"status": "waiting", "attempt": attempt})
+        self.r.xadd(self.keys.inference_stream(), {"job_id": spec.job_id})
+        (entry,) = self.consumer.read(1, 10)
+        return JobRun(
+            entry=entry, spec=spec, attempt=attempt, request_id=f"{spec.job_id}:{attempt}", published=[]
+        )
+
+
+def events_of(run: JobRun, pieces: list[str]) -> list[TokenEvent]:
+    out = [TokenEvent(run.request_id, (100 + i,), p, i) for i, p in enumerate(pieces)]
+    last = TokenEvent(run.request_id, (), "", len(pieces), FinishReason.STOP, usage=Usage(10, len(pieces), 0))
+    return [*out, last]
+
+
+@pytest.fixture
+def harness(redis_url: str, keys: Keys) -> Harness:
+    return Harness(LostReplyRedis.from_url(redis_url), keys)
+
+
+def test_write_retried_after_a_lost_reply_publishes_everything_once(harness: Harness) -> None:
+    run = harness.start_job()
+    LostReplyPipeline.lose_next = True  # the MULTI/EXEC runs, then its reply is lost
+    harness.writer.write([(run, e) for e in events_of(run, ["Re", "d", "."])])
+    events = J.events(harness.r, harness.keys, run.job_id)
+    assert [e.index for e in events if e.type == "token"] == [0, 1, 2]
+    assert sum(e.type == "done" for e in events) == 1 and "generating" in [e.status for e in events]
+    record = J.job(harness.r, harness.keys, run.job_id)
+    assert record.status is JobStatus.DONE and record.text == "Red." and run.text == "Red."
+    assert run.token_ids == [100, 101, 102]
+    # the side effects of the attempt that wrote FINISH still ran, once
+    turns = load_messages(harness.r.hget(harness.keys.session(run.spec.session_id), "messages"))
+    assert [(t.role, t.text) for t in turns] == [("user", "Colour?"), ("assistant", "Red.")]
+    done = metrics_hash.series("jobs_total", outcome="done")
+    assert int(harness.r.hget(harness.keys.metrics_counters(), done)) == 1
+    assert harness.r.xpending(harness.keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0
+    assert harness.finished == [run.job_id]
+
+
+def test_re_sent_events_are_idempotent(harness: Harness) -> None:
+    run = harness.start_job(session=False)
+    first = events_of(run, ["A", "B"])
+    harness.writer.write([(run, first[0]), (run, first[1])])
+    harness.writer.write([(run, first[1]), (run, first[2])])  # index 1 again (engine re-send)
+    assert [e.index for e in J.events(harness.r, harness.keys, run.job_id) if e.type == "token"] == [0, 1]
+    assert J.job(harness.r, harness.keys, run.job_id).text == "AB"
+
+
+def test_a_stale_attempt_cannot_write_nor_ack(harness: Harness) -> None:
+    run = harness.start_job(session=False)
+    harness.r.hset(harness.keys.job(run.job_id), "attempt", 2)  # another worker claimed it meanwhile
+    harness.writer.write([(run, e) for e in events_of(run, ["x", "y"])])
+    events = J.events(harness.r, harness.keys, run.job_id)
+    assert [e for e in events if e.type in ("token", "done")] == []
+    assert J.job_status(harness.r, harness.keys, run.job_id) is JobStatus.WAITING
+    assert harness.cancelled == [run.request_id]  # the engine stops generating for nobody
+    assert harness.r.xpending(harness.keys.inference_stream(), INFERENCE_GROUP)["pending"] == 1  # not ours
+
+
+def test_a_permanent_redis_error_fails_the_job_and_marks_the_writer_unhealthy(harness: Harness) -> None:
+    run = harness.start_job(session=False)
+    harness.r.hset(harness.keys.job(run.job_id), "published", "garbage")  # the append script errors
+    started = time.monotonic()
+    harness.writer.write([(run, e) for e in events_of(run, ["x", "y"])[:2]])  # mid-generation
+    assert time.monotonic() - started < 2.0  # not retried forever
+    assert harness.writer.error and "event writer" in harness.writer.error
+    record = J.job(harness.r, harness.keys, run.job_id)
+    assert record.status is JobStatus.FAILED and record.error_code == "internal"
+    assert harness.cancelled == [run.request_id] and harness.finished == [run.job_id]
+    assert harness.r.xpending(harness.keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0
+
+
+def test_renew_never_takes_back_an_entry_another_worker_claimed(redis_client: Any, keys: Keys) -> None:
+    mine = StreamConsumer(redis_client, keys.inference_stream(), "old")
+    other = StreamConsumer(redis_client, keys.inference_stream(), "new")
+    mine.ensure_group()
+    for job in ("a", "b"):
+        redis_client.xadd(keys.inference_stream(), {"job_id": job})
+    a, b = mine.read(2, 10)
+    time.sleep(0.2)
+    assert [e.job_id for e in other.claim_idle(100, 1)] == ["a"]  # "old" looked dead
+    assert mine.renew([a.entry_id, b.entry_id]) == {a.entry_id}  # lost "a", kept "b"
+    pending = redis_client.xpending_range(keys.inference_stream(), INFERENCE_GROUP, "-", "+", 10)
+    owners = {p["message_id"].decode(): p["consumer"].decode() for p in pending}
+    assert owners == {a.entry_id: "new", b.entry_id: "old"}
+
+
+def test_session_turn_is_compare_and_append(redis_client: Any, keys: Keys) -> None:
+    """Concurrent jobs on one history, a newer image, a deleted session, an OpenAI job."""
+    from shared.sessions import record_turn
+
+    def record(spec: JobSpec, answer: str) -> int:
+        pipe = redis_client.pipeline()
+        record_turn(pipe, keys, spec, answer, 600)
+        return int((pipe.execute() or [0])[0])
+
+    sid, key = "sess-1", keys.session("sess-1")
+    redis_client.hset(key, mapping={"image_digest": "d1", "messages": json.dumps([])})
+    a = J.make_spec("first?", "d1", session_id=sid)
+    b = J.make_spec("second?", "d1", session_id=sid)  # built on the same (empty) history
+    assert record(a, "A") == 1 and record(b, "B") == 0  # b would overwrite a's turn
+    assert [t.text for t in load_messages(redis_client.hget(key, "messages"))] == ["first?", "A"]
+    redis_client.hset(key, mapping={"image_digest": "d2", "messages": "[]"})  # a newer image
+    assert record(J.make_spec("old image?", "d1", session_id=sid), "C") == 0
+    redis_client.delete(key)
+    assert record(J.make_spec("x", "d2", session_id=sid), "D") == 0 and not redis_client.exists(key)
+    redis_client.hset(key, mapping={"image_digest": "d2", "messages": "[]"})
+    openai_spec = J.make_spec("y", "d2", session_id=sid).model_copy(update={"source": "openai"})
+    pipe = redis_client.pipeline()
+    record_turn(pipe, keys, openai_spec, "E", 600)
+    assert pipe.execute() == [] and redis_client.hget(key, "messages") == b"[]"
+    history = [ChatTurn(role="user", text="q", image=True), ChatTurn(role="assistant", text="r")]
+    redis_client.hset(key, "messages", json.dumps([t.model_dump() for t in history]))
+    assert record(J.make_spec("next?", "d2", session_id=sid, history=history), "F") == 1
