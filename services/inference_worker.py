@@ -32,7 +32,7 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def engine_config(settings: InferenceSettings) -> EngineConfig:
+def engine_config(settings: InferenceSettings, config_cls: Any = EngineConfig) -> EngineConfig:
     """EngineConfig from settings; a setting EngineConfig lacks is an error, never silently dropped."""
     mb = 1024 * 1024
     values: dict[str, Any] = {
@@ -51,10 +51,11 @@ def engine_config(settings: InferenceSettings) -> EngineConfig:
         "image_cache_bytes": settings.image_cache_mb * mb,
         "session_ttl_s": settings.session_ttl_s,
     }
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(EngineConfig)})
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(config_cls)})
     if unknown:
-        raise ValueError(f"EngineConfig has no field(s) {unknown}: settings and engine disagree")
-    return EngineConfig(**values)
+        raise ValueError(f"{config_cls.__name__} has no field(s) {unknown}: settings and engine disagree")
+    config: EngineConfig = config_cls(**values)
+    return config
 
 
 def image_processor(engine: Engine, model_path: str) -> object:

@@ -124,11 +124,13 @@ def generate(n: int, seed: int, spec: SceneSpec = TRAIN_SPEC, workers: int = 2) 
     return [Example(**{k: torch.from_numpy(v) for k, v in a.items()}) for a in arrays]
 
 
-def load_or_generate(n: int, seed: int, cache_dir: Path, workers: int = 2) -> list[Example]:
-    path = cache_dir / f"train-s{seed}-n{n}.pt"
+def load_or_generate(
+    n: int, seed: int, cache_dir: Path, workers: int = 2, spec: SceneSpec = TRAIN_SPEC, tag: str = ""
+) -> list[Example]:
+    path = cache_dir / f"train{tag}-s{seed}-n{n}.pt"
     if path.exists():
         return torch.load(path, weights_only=False)
-    examples = generate(n, seed, workers=workers)
+    examples = generate(n, seed, spec=spec, workers=workers)
     cache_dir.mkdir(parents=True, exist_ok=True)
     torch.save(examples, path)
     return examples

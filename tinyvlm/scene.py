@@ -57,6 +57,9 @@ class SceneSpec:
     glyph_prob: float = 0.35
     max_aspect: float = 2.0
     extreme_sizes: bool = False  # sides drawn near 96 or near 1024
+    # Curriculum only: objects drawn this many times larger (can spill out of their cell), so an
+    # untrained model first finds them without searching the picture.
+    radius_scale: float = 1.0
 
 
 TRAIN_SPEC = SceneSpec()
@@ -82,9 +85,9 @@ def _jitter(rgb: tuple[int, int, int], rng: random.Random, amount: int) -> tuple
     return r, g, b
 
 
-def _object(rng: random.Random, cell: Cell) -> Obj:
+def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0) -> Obj:
     size = rng.choice(vocab.SIZES)
-    radius = rng.uniform(0.36, 0.44) if size == "big" else rng.uniform(0.18, 0.24)
+    radius = (rng.uniform(0.36, 0.44) if size == "big" else rng.uniform(0.18, 0.24)) * radius_scale
     slack = max(0.0, 0.5 - radius) * 0.7
     colour = rng.choice(list(vocab.COLOURS))
     return Obj(
@@ -117,7 +120,7 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
         background=background,
         gradient=(rng.uniform(-25, 25), rng.uniform(-25, 25)),
         noise=rng.uniform(2.0, 10.0),
-        objects=tuple(_object(rng, cell) for cell in cells[:n]),
+        objects=tuple(_object(rng, cell, spec.radius_scale) for cell in cells[:n]),
         glyph=glyph,
         fmt=fmt,
         quality=rng.randint(70, 95),

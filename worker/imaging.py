@@ -21,6 +21,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from shared.formats import ALLOWED_FORMATS, ALLOWED_TEXT
 from shared.schemas import ErrorCode
 
+CORRUPT = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)  # Pillow's usual errors
 DRAFT_OVERSAMPLE = 2.0  # keep twice the processor's target resolution per axis before its resize
 
 
@@ -53,7 +54,7 @@ def decode_image(
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageRejected(f"image too large: {exc}") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
+    except CORRUPT as exc:
         raise ImageRejected(f"corrupt or truncated image: {exc}") from exc
     except Exception as exc:  # Pillow on fuzzed files: struct.error, IndexError, TypeError, MemoryError...
         raise ImageRejected(f"image could not be decoded ({type(exc).__name__}: {exc})") from exc
@@ -64,8 +65,8 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         img = Image.open(io.BytesIO(data), formats=None)
     except UnidentifiedImageError as exc:
         raise ImageRejected("not an image (format not recognised)") from exc
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning, *CORRUPT):
+        raise  # decode_image words these
     except Exception as exc:  # a header Pillow cannot parse
         raise ImageRejected(f"image could not be decoded ({type(exc).__name__}: {exc})") from exc
     if img.format not in ALLOWED_FORMATS:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import redis
 
-from shared import result_cache
+from shared import metrics_hash, result_cache
 from shared.jobs import JobRecord
 from shared.schemas import UsageInfo
 from tests.gateway.workerside import decode_tasks
@@ -51,12 +51,15 @@ async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceSt
     r.delete(gateway.keys.session("rc-1"))  # same spec again: a fresh session about the same image
 
     tasks_before = len(decode_tasks(r, gateway.key_prefix))
+    done_field = metrics_hash.series("jobs_total", outcome="done")
+    done_before = int(r.hget(gateway.keys.metrics_counters(), done_field) or 0)
     hit = await post(client)
     body = hit.json()
     assert hit.status_code == 202 and body["status"] == "done" and body["result_cached"] is True
     assert body["text"] == "Green."
     assert hit.headers["cache-control"] == f"public, max-age={gateway.settings.result_cache_ttl_s}"
     assert len(decode_tasks(r, gateway.key_prefix)) == tasks_before  # nothing enqueued
+    assert int(r.hget(gateway.keys.metrics_counters(), done_field) or 0) == done_before + 1  # counted
     view = (await client.get(f"/v1/jobs/{body['id']}")).json()
     assert view["status"] == "done" and view["final_text"] == "Green." and view["result_cached"] is True
     turns = (await client.get("/v1/sessions/rc-1")).json()["turns"]
@@ -110,3 +113,24 @@ async def test_openai_hit(gateway: ServiceStack, r: redis.Redis) -> None:
             stream=True,
         )
         assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "Green."
+
+
+def test_key_names_the_exact_weights(tmp_path: Any) -> None:
+    """A retrained checkpoint under the same name, or another quantization, never hits old answers."""
+    from shared.keys import Keys
+    from shared.schemas import SamplingSpec
+    from tests.support.jobs import make_spec
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"hidden_size": 64}')
+    (ckpt / "model.safetensors").write_bytes(b"0" * 100)
+    spec, keys = make_spec(digest="d" * 64), Keys("t")
+    base = result_cache.cache_key(keys, result_cache.model_identity(str(ckpt), "none"), spec)
+    assert base != result_cache.cache_key(keys, result_cache.model_identity(str(ckpt), "int8"), spec)
+    result_cache.checkpoint_fingerprint.cache_clear()  # a new process after retraining
+    (ckpt / "model.safetensors").write_bytes(b"1" * 101)
+    assert base != result_cache.cache_key(keys, result_cache.model_identity(str(ckpt), "none"), spec)
+    greedy = spec.model_copy(update={"sampling": SamplingSpec(max_tokens=8, top_p=0.5, top_k=3, seed=7)})
+    same = result_cache.model_identity(str(ckpt), "none")
+    assert result_cache.cache_key(keys, same, greedy) == result_cache.cache_key(keys, same, spec)

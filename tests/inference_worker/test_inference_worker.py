@@ -250,3 +250,30 @@ def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
     last = max(i for i, e in enumerate(events) if e.status is JobStatus.CANCELLED)
     assert last == len(events) - 1  # nothing appended after the terminal event
     assert len(tokens(inference_stack, spec.job_id)) < 500
+
+
+def test_heartbeat_lives_exactly_as_long_as_the_gateway_trusts_it(inference_stack: ServiceStack) -> None:
+    key = next(iter(inference_stack.redis.scan_iter(match=inference_stack.keys.worker_pattern())))
+    stale_ms = 1000 * float(inference_stack.env["VLMQ_WORKER_STALE_S"])
+    assert stale_ms - 1500 < inference_stack.redis.pttl(key) <= stale_ms  # TTL = worker_stale_s
+
+
+def test_entries_are_renewed_while_draining(inference_stack: ServiceStack) -> None:
+    """SIGTERM with a long job: its entry keeps being renewed every heartbeat (0.5 s here), so it
+    never goes idle long enough for another worker to claim it while this one drains."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    spec = submit(inference_stack, max_tokens=500, seed=12)
+    wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 3, 60, interval_s=0.005, what="tokens")
+    proc = inference_stack.procs["inference"]
+    proc.signal(signal.SIGTERM)
+    time.sleep(1.0)  # without renewal the entry would now be idle >= 1 s
+    pending = r.xpending_range(keys.inference_stream(), INFERENCE_GROUP, "-", "+", 10)
+    status = J.job_status(r, keys, spec.job_id)
+    try:
+        if status is JobStatus.DONE:
+            pytest.skip("the job finished within a second of SIGTERM")
+        assert pending and all(p["time_since_delivered"] < 800 for p in pending)
+        assert proc.wait(30) == 0
+        assert J.job_status(r, keys, spec.job_id) is JobStatus.DONE
+    finally:
+        inference_stack.restart("inference")

@@ -68,7 +68,9 @@ class Harness:
         )
         J.create_job(self.r, self.keys, spec)
         if session:
-            self.r.hset(self.keys.session(spec.session_id), mapping={"messages": "[]", "image_digest": ""})
+            self.r.hset(
+                self.keys.session(str(spec.session_id)), mapping={"messages": "[]", "image_digest": ""}
+            )
         self.r.hset(self.keys.job(spec.job_id), mapping={"status": "waiting", "attempt": attempt})
         self.r.xadd(self.keys.inference_stream(), {"job_id": spec.job_id})
         (entry,) = self.consumer.read(1, 10)
@@ -99,7 +101,7 @@ def test_write_retried_after_a_lost_reply_publishes_everything_once(harness: Har
     assert record.status is JobStatus.DONE and record.text == "Red." and run.text == "Red."
     assert run.token_ids == [100, 101, 102]
     # the side effects of the attempt that wrote FINISH still ran, once
-    turns = load_messages(harness.r.hget(harness.keys.session(run.spec.session_id), "messages"))
+    turns = load_messages(harness.r.hget(harness.keys.session(str(run.spec.session_id)), "messages"))
     assert [(t.role, t.text) for t in turns] == [("user", "Colour?"), ("assistant", "Red.")]
     done = metrics_hash.series("jobs_total", outcome="done")
     assert int(harness.r.hget(harness.keys.metrics_counters(), done)) == 1
@@ -182,3 +184,14 @@ def test_session_turn_is_compare_and_append(redis_client: Any, keys: Keys) -> No
     history = [ChatTurn(role="user", text="q", image=True), ChatTurn(role="assistant", text="r")]
     redis_client.hset(key, "messages", json.dumps([t.model_dump() for t in history]))
     assert record(J.make_spec("next?", "d2", session_id=sid, history=history), "F") == 1
+
+
+def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:
+    run = harness.start_job(session=False)
+    events = events_of(run, ["a", "b", "c"])
+    for event in events[:3]:  # one engine step per flush, as in production
+        harness.writer.write([(run, event)])
+        time.sleep(0.01)
+    harness.writer.write([(run, events[3])])
+    count = harness.r.hget(harness.keys.metrics_counters(), "inter_token_seconds_count")
+    assert int(count) == 2  # gaps between 3 token writes, whoever listens to the stream
