@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -119,23 +119,30 @@ async def openai_call(client: openai.AsyncOpenAI, model: str, req: BenchRequest)
 async def ws_call(ws: ClientConnection, req: BenchRequest) -> Sample:
     """One job over an open ``/v1/chat/ws`` connection: submit, stream to the done event."""
     start, ttft, parts = time.perf_counter(), None, list[str]()
-    await ws.send(
-        json.dumps(
-            {"prompt": req.question, "image": req.data_url, "max_tokens": MAX_TOKENS, "no_cache": True}
-        )
+    message = json.dumps(
+        {"prompt": req.question, "image": req.data_url, "max_tokens": MAX_TOKENS, "no_cache": True}
     )
+    sent_at, job_id = time.time(), cast(str | None, None)
+    await ws.send(message)
+
+    def sample(timings: dict[str, float] | None = None, error: str | None = None) -> Sample:
+        e2e, text = time.perf_counter() - start, "".join(parts)
+        return Sample(req.index, e2e, ttft, text, timings, error, job_id=job_id, sent_at=sent_at)
+
     while True:
         try:
             event = json.loads(await asyncio.wait_for(ws.recv(), REQUEST_TIMEOUT_S))
         except TimeoutError:
-            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error="timeout")
-        if event["type"] == "token" and event.get("text"):
+            return sample(error="timeout")
+        if event["type"] == "accepted":
+            job_id = event["id"]
+        elif event["type"] == "token" and event.get("text"):
             ttft = ttft if ttft is not None else time.perf_counter() - start
             parts.append(event["text"])
         elif event["type"] == "done":
-            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), event.get("timings"))
+            return sample(event.get("timings"))
         elif event["type"] == "error" or event.get("status") in ("failed", "cancelled", "expired"):
-            return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error=str(event))
+            return sample(error=str(event))
 
 
 async def closed_loop(
@@ -193,16 +200,20 @@ async def run_mode(
 
 
 # --- engine only ---
-def engine_only(model: str, requests: list[BenchRequest]) -> list[tuple[float, str]]:
-    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does)."""
+def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[tuple[float, str]]:
+    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does),
+    with the servers' torch thread count."""
+    import torch
+
     import services  # noqa: F401  (registers the processor)
-    from services.engine import Engine, EngineConfig
     from services.adapter.requests import build_request, image_input
+    from services.engine import Engine, EngineConfig
     from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
     from shared.tensors import pack_tensors, unpack_tensors
     from worker.imaging import ImageProcessorHandle, decode_image
 
+    torch.set_num_threads(threads)
     engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
     engine.prewarm()
     engine.start()
@@ -241,6 +252,48 @@ def overhead(samples: list[Sample], engine: list[tuple[float, str]]) -> dict[str
         "overhead_p50": pct(diffs, 50),
         "overhead_p90": pct(diffs, 90),
     }
+
+
+HOPS = {
+    "gateway_in": "client send -> job accepted (WS frame, JSON, base64, sha256, JobSpec)",
+    "queue": "accepted -> decode started (MULTI writes, Celery LPUSH, broker pickup)",
+    "decode": "image bytes -> tensor stored (Pillow, image processor, msgpack)",
+    "wait": "tensor handed over -> engine admission (stream wake, job + tensor load, prompt)",
+    "engine": "vision + prefill + generation (the engine's own timings)",
+    "worker_other": "rest of the server total (token/finish writes, gaps between engine stages)",
+    "stream_out": "terminal event written -> client has it (XREAD wake, WS send)",
+}
+
+
+def hop_breakdown(samples: list[Sample], created: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    """Per-hop seconds (p50/p90) of WebSocket jobs: client clock + job hash + done-event timings."""
+    rows: list[dict[str, float]] = []
+    for s in samples:
+        if s.error or not s.timings or s.sent_at is None or s.job_id not in created:
+            continue
+        t = s.timings
+        engine = t["vision"] + t["prefill"] + t["generation"]
+        gateway_in = created[s.job_id] - s.sent_at
+        rows.append(
+            {
+                "gateway_in": gateway_in,
+                "queue": t["queue"],
+                "decode": t["decode"],
+                "wait": t["wait"],
+                "engine": engine,
+                "worker_other": t["total"] - t["queue"] - t["decode"] - t["wait"] - engine,
+                "stream_out": s.e2e - gateway_in - t["total"],
+            }
+        )
+    return {k: {"p50": pct([r[k] for r in rows], 50), "p90": pct([r[k] for r in rows], 90)} for k in HOPS}
+
+
+def created_times(stack: ServiceStack, samples: list[Sample]) -> dict[str, float]:
+    out = {}
+    for s in samples:
+        if s.job_id and (raw := stack.redis.hget(stack.keys.job(s.job_id), "created_at")) is not None:
+            out[s.job_id] = float(raw)
+    return out
 
 
 def agreement(a: list[Sample], b: list[Sample]) -> dict[str, Any]:
@@ -285,6 +338,16 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['concurrency']} | " + " | ".join(ms(stages[k]) for k in result["stage_names"]) + " |"
             )
+    lines += [
+        "",
+        "Per hop at concurrency 1 (vlmq-ws; ms):",
+        "",
+        "| hop | p50 | p90 | what |",
+        "|---|---|---|---|",
+    ]
+    for name, what in HOPS.items():
+        hop = result["hops_c1"][name]
+        lines.append(f"| {name} | {ms(hop['p50'])} | {ms(hop['p90'])} | {what} |")
     o = result["overhead"]
     lines += [
         "",
@@ -319,7 +382,8 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
             runs.append({"mode": mode, "concurrency": c, "summary": summary})
             if c == 1:
                 c1[mode] = (requests, samples)
-    return {"runs": runs, "c1": c1}
+    ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []
+    return {"runs": runs, "c1": c1, "created": created_times(stack, ws_samples)}
 
 
 def main() -> int:
@@ -340,6 +404,13 @@ def main() -> int:
         "VLMQ_DECODE_CONCURRENCY": "2",
         "OMP_NUM_THREADS": str(args.threads),
         "VLMQ_LOG_LEVEL": "WARNING",
+        # production timings, not the test stack's short fault-test ones
+        "VLMQ_HEARTBEAT_S": "2",
+        "VLMQ_CLAIM_IDLE_MS": "30000",
+        "VLMQ_VISIBILITY_TIMEOUT_S": "300",
+        "VLMQ_WORKER_STALE_S": "10",
+        # as ``python -m gateway`` runs it (the stack starts plain uvicorn): see gateway/__main__.py
+        "UVICORN_WS_PER_MESSAGE_DEFLATE": "false",
     }
     stack = ServiceStack(redis_server.url, logs, extra_env=env, components=ALL)
     peer = Peer(args.model, args.threads, logs / "transformers-serve.log")
@@ -352,7 +423,7 @@ def main() -> int:
         stack.stop()
         redis_server.stop()
     ws_requests, ws_samples = measured["c1"]["vlmq-ws"]
-    engine = engine_only(args.model, ws_requests)
+    engine = engine_only(args.model, ws_requests, args.threads)
     peer_c1, vlmq_c1 = measured["c1"]["peer-openai"][1], measured["c1"]["vlmq-openai"][1]
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -363,6 +434,7 @@ def main() -> int:
         "runs": measured["runs"],
         "stage_names": ["queue", "decode", "wait", "vision", "prefill", "generation", "ttft", "total"],
         "overhead": overhead(ws_samples, engine),
+        "hops_c1": hop_breakdown(ws_samples, measured["created"]),
         "agreement": agreement(vlmq_c1, peer_c1),
         "engine_agreement": agreement(
             ws_samples, [Sample(i, t, None, text) for i, (t, text) in enumerate(engine)]

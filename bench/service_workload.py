@@ -69,6 +69,8 @@ class Sample:
     text: str
     timings: dict[str, float] | None = None
     error: str | None = None
+    job_id: str | None = None  # vlmq's job id (WebSocket runs)
+    sent_at: float | None = None  # wall clock (time.time()) when the request was sent
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -3,7 +3,8 @@ enqueue the decode task, then record the session.
 
 Every check that can refuse a request (validation, admission: 429 when the queues are full)
 runs before the first write, so a refused request leaves nothing behind in Redis. Order of the
-writes: image + job record (one MULTI) -> enqueue -> session. An enqueue failure (503) therefore
+writes: image + job record (one MULTI) -> decode task + session (a second MULTI: the task is an
+LPUSH onto the Celery queue, see ``gateway.decode_queue``). An enqueue failure (503) therefore
 leaves the session untouched; the job stays, ``failed`` with ``error_code=queue_unavailable``
 (a client polling it gets the reason), and the image bytes expire with their TTL.
 """
@@ -153,7 +154,7 @@ def _check_system(params: JobParams, session: Session) -> None:
 
 
 async def commit_job(state: GatewayState, job: PreparedJob, use_result_cache: bool = True) -> Accepted:
-    """Cache hit: one MULTI, no work. Else admit (429), write image + job, enqueue, write session."""
+    """Cache hit: one MULTI, no work. Else admit (429), write image + job, then enqueue + session."""
     spec = job.spec
     cached = await _cached_result(state, spec) if use_result_cache else None
     if cached is not None:
@@ -163,10 +164,7 @@ async def commit_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
         return Accepted(spec, JobStatus.DONE, cached)
     await admit(state.redis, state.keys, state.settings.max_queue_depth, state.throughput)
     await _write(state, job, None, session=False)
-    await _enqueue(state, spec)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        _write_session(pipe, state, job)
-        await pipe.execute()
+    await _enqueue(state, job)
     state.metrics.submitted.labels(spec.source).inc()
     return Accepted(spec, JobStatus.QUEUED)
 
@@ -182,9 +180,14 @@ async def _write(
         await pipe.execute()
 
 
-async def _enqueue(state: GatewayState, spec: JobSpec) -> None:
+async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
+    """Decode task and session in one MULTI: a refused LPUSH aborts both (EXECABORT)."""
+    spec = job.spec
     try:
-        await state.decode.enqueue(spec.job_id)
+        async with state.redis.pipeline(transaction=True) as pipe:
+            state.decode.push(pipe, spec.job_id)
+            _write_session(pipe, state, job)
+            await pipe.execute()
     except Exception as exc:  # broker down: the job must not stay queued forever
         log.exception("decode enqueue failed for %s", spec.job_id)
         await fail_job(state, spec.job_id, f"could not enqueue the decode task: {exc}")

@@ -112,7 +112,11 @@ def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
     seed, index, spec = args
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
-    example = make_example(_WORKER_PROCESSOR, scene, questions.conversation(scene, rng), seed=index)
+    turns = questions.conversation(scene, rng)
+    if spec.only_attribute is not None:
+        turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
+        turns = [turn] if turn is not None else turns
+    example = make_example(_WORKER_PROCESSOR, scene, turns, seed=index)
     # numpy, not tensors, across processes: torch shares tensors by file descriptor and runs out.
     return {k: v.numpy() for k, v in example.__dict__.items()}
 

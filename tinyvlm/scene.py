@@ -60,6 +60,7 @@ class SceneSpec:
     # Curriculum only: objects drawn this many times larger (can spill out of their cell), so an
     # untrained model first finds them without searching the picture.
     radius_scale: float = 1.0
+    only_attribute: str | None = None  # curriculum only: ask just this attribute of one object
 
 
 TRAIN_SPEC = SceneSpec()

@@ -17,7 +17,7 @@ import redis
 
 from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, status_args
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, pipe_script, status_args
 from shared.keys import Keys
 from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus
 from shared.tensors import pack_tensors
@@ -38,6 +38,13 @@ redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[7])
 return 1
 """
 
+# KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the
+# image bytes (nil: expired). One round trip either way, and no image transfer on a cache hit.
+TENSOR_OR_IMAGE_LUA = """
+if redis.call('EXPIRE', KEYS[1], ARGV[1]) == 1 then return 1 end
+return redis.call('GET', KEYS[2])
+"""
+
 HANDED_OVER = frozenset({JobStatus.WAITING, JobStatus.GENERATING})
 
 
@@ -55,43 +62,60 @@ class DecodePipeline:
         self.settings = settings
         self.keys: Keys = settings.keys
         self.processor = processor
-        self._set_status = client.register_script(SET_STATUS_LUA)
         self._finish = client.register_script(FINISH_LUA)
-        self._handoff = client.register_script(HANDOFF_LUA)
 
     def run(self, job_id: str) -> DecodeOutcome:
-        raw = self.r.hgetall(self.keys.job(job_id))
+        """Three round trips around the decode: read the job, start decoding (+ fetch what it
+        needs), hand over (+ store the tensor)."""
+        key = self.keys.job(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(key)
+        pipe.exists(self.keys.job_cancel(job_id))
+        raw, cancelled = pipe.execute()
         if not raw:
             return DecodeOutcome("missing", "job record not found (expired?)")
         job = JobRecord.from_hash(raw)
         if job.status.terminal or job.status in HANDED_OVER:
             return DecodeOutcome("skipped", f"job already {job.status.value}")
-        if stop := self._stop_reason(job):
+        if stop := self._stop_reason(job, bool(cancelled)):
             return stop
-        attempts = int(self.r.hincrby(self.keys.job(job_id), "decode_attempts", 1))
+        started = time.time()
+        digest = job.spec.image_digest
+        tensor_key = self.keys.tensor(digest, self.processor.processor_id) if digest else None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(key, "decode_attempts", 1)
+        pipe.hset(key, "decode_started_at", str(started))
+        pipe_script(
+            pipe, SET_STATUS_LUA, self._job_keys(job_id), status_args(JobStatus.DECODING, started, self._ttl)
+        )
+        if tensor_key is not None and digest is not None:
+            keys = [tensor_key, self.keys.image(digest)]
+            pipe_script(pipe, TENSOR_OR_IMAGE_LUA, keys, [self.settings.image_ttl_s])
+        replies = pipe.execute()
+        attempts, found = int(replies[0]), replies[3] if digest is not None else None
         if attempts > self.settings.max_decode_attempts:
             reason = f"dead letter: decoding this image was interrupted {attempts - 1} times"
             return self.fail(job_id, reason, ErrorCode.BAD_IMAGE)
-        started = time.time()
-        self.r.hset(self.keys.job(job_id), "decode_started_at", str(started))
-        self._set_status(
-            keys=self._job_keys(job_id), args=status_args(JobStatus.DECODING, started, self._ttl)
-        )
-        try:
-            cache_hit = self._ensure_tensor(job)
-        except ImageRejected as exc:
-            return self.fail(job_id, str(exc), exc.code)
+        packed = None
+        if digest is not None and found != 1:
+            if found is None:
+                return self.fail(
+                    job_id,
+                    "image bytes expired before decoding; submit the image again",
+                    ErrorCode.IMAGE_EXPIRED,
+                )
+            try:
+                packed = pack_tensors(self.decode_bytes(bytes(found)))
+            except ImageRejected as exc:
+                return self.fail(job_id, str(exc), exc.code)
         decode_s = time.time() - started
-        self.r.hset(
-            self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
-        )
-        return self._hand_over(job_id, decode_s, cache_hit)
+        return self._hand_over(job_id, decode_s, tensor_key, packed)
 
     # --- steps ---
-    def _stop_reason(self, job: JobRecord) -> DecodeOutcome | None:
+    def _stop_reason(self, job: JobRecord, cancelled: bool) -> DecodeOutcome | None:
         """Cancelled by the client or past its deadline: finish now, never decode."""
         job_id = job.spec.job_id
-        if self.r.exists(self.keys.job_cancel(job_id)):
+        if cancelled:
             self._finish_status(job_id, JobStatus.CANCELLED, None, ErrorCode.CANCELLED)
             return DecodeOutcome("cancelled")
         if job.spec.deadline is not None and time.time() > job.spec.deadline:
@@ -100,23 +124,6 @@ class DecodePipeline:
             )
             return DecodeOutcome("expired")
         return None
-
-    def _ensure_tensor(self, job: JobRecord) -> bool:
-        """Tensor for the job's image in Redis; True when it was already there (cache hit)."""
-        digest = job.spec.image_digest
-        if digest is None:
-            return True  # text-only job: nothing to decode
-        tensor_key = self.keys.tensor(digest, self.processor.processor_id)
-        if self.r.expire(tensor_key, self.settings.image_ttl_s):
-            return True
-        data = self.r.get(self.keys.image(digest))
-        if data is None:
-            raise ImageRejected(
-                "image bytes expired before decoding; submit the image again", ErrorCode.IMAGE_EXPIRED
-            )
-        tensors = self.decode_bytes(bytes(data))  # type: ignore[arg-type]
-        self.r.set(tensor_key, pack_tensors(tensors), ex=self.settings.image_ttl_s)
-        return False
 
     def decode_bytes(self, data: bytes) -> dict[str, Any]:
         img = decode_image(
@@ -127,10 +134,20 @@ class DecodePipeline:
         except Exception as exc:  # e.g. extreme aspect ratios; any failure here is the image's
             raise ImageRejected(f"image could not be processed: {exc}") from exc
 
-    def _hand_over(self, job_id: str, decode_s: float, cache_hit: bool) -> DecodeOutcome:
+    def _hand_over(
+        self, job_id: str, decode_s: float, tensor_key: str | None, packed: bytes | None
+    ) -> DecodeOutcome:
+        """One MULTI: the new tensor (if decoded), the decode timings, then ``HANDOFF_LUA``."""
+        cache_hit = tensor_key is not None and packed is None
+        pipe = self.r.pipeline(transaction=True)
+        if tensor_key is not None and packed is not None:
+            pipe.set(tensor_key, packed, ex=self.settings.image_ttl_s)
+        pipe.hset(
+            self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
+        )
         args = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
-        keys = [*self._job_keys(job_id), self.keys.inference_stream()]
-        if not self._handoff(keys=keys, args=args):
+        pipe_script(pipe, HANDOFF_LUA, [*self._job_keys(job_id), self.keys.inference_stream()], args)
+        if not pipe.execute()[-1]:
             return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
         return DecodeOutcome("waiting", "", decode_s, cache_hit)
 

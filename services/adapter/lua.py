@@ -30,3 +30,19 @@ end
 return 1
 """
 )
+
+# KEYS: job hash, cancel flag. Returns {} when the job is gone; else {attempt, cancelled, fields}:
+# the attempt this delivery begins (HINCRBY), or 0 when the job is already terminal (nothing
+# begun), the cancel flag (0/1), and the hash as HGETALL returned it before the increment.
+BEGIN_ATTEMPT_LUA = (
+    IS_TERMINAL_LUA
+    + """
+local raw = redis.call('HGETALL', KEYS[1])
+if #raw == 0 then return {} end
+local attempt = 0
+if not is_terminal(redis.call('HGET', KEYS[1], 'status')) then
+  attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+end
+return {attempt, redis.call('EXISTS', KEYS[2]), raw}
+"""
+)

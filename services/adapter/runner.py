@@ -137,30 +137,31 @@ class InferenceWorker:
             self._ack(entry, outcome=JobStatus.FAILED)
 
     def _handle(self, entry: Entry) -> None:
-        loaded = self.store.load(entry.job_id) if entry.job_id else None
-        if loaded is None or loaded[0].status.terminal:
-            return self._ack(entry)  # gone, or finished by an earlier delivery
-        record, fields = loaded
-        if record.spec.job_id in self._run_ids():
+        if not entry.job_id:
+            return self._ack(entry)  # a deleted entry
+        if entry.job_id in self._run_ids():
             return None  # already running here (claimed back our own entry)
-        attempt = self.store.begin_attempt(entry.job_id)
+        begun = self.store.begin(entry.job_id)  # load + HINCRBY attempt + cancel flag: one round trip
+        if begun is None or begun.record.status.terminal:
+            return self._ack(entry)  # gone, or finished by an earlier delivery
+        record, attempt = begun.record, begun.attempt
         if attempt > self.settings.max_deliveries:
             self.store.dead_letter(entry.job_id, attempt, f"delivered {attempt - 1} times without finishing")
             return self._ack(entry, outcome=JobStatus.FAILED)
-        if reason := self._refusal(record, attempt):
+        if reason := self._refusal(record, attempt, begun.cancelled):
             return self._ack(entry, outcome=reason)
         try:
-            self._submit(entry, record, fields, attempt)
+            self._submit(entry, record, begun.fields, attempt)
         except (RequestRejected, LookupError, TensorCodecError) as exc:
             self._forget(entry.job_id)
             self.store.fail(entry.job_id, str(exc), attempt, _error_code(exc))
             self._ack(entry, outcome=JobStatus.FAILED)
         return None
 
-    def _refusal(self, record: JobRecord, attempt: int) -> JobStatus | None:
+    def _refusal(self, record: JobRecord, attempt: int, cancelled: bool) -> JobStatus | None:
         """Cancelled or expired before it ran: finish it now, never generate."""
         job_id = record.spec.job_id
-        if self.r.exists(self.keys.job_cancel(job_id)):
+        if cancelled:
             self.store.cancel(job_id, attempt)
             return JobStatus.CANCELLED
         if record.spec.deadline is not None and time.time() > record.spec.deadline:
@@ -169,9 +170,9 @@ class InferenceWorker:
         return None
 
     def _submit(self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int) -> None:
+        """Register the run, then submit (the engine validates: RequestRejected, nothing started)."""
         spec = record.spec
         request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record))
-        self.engine.validate(request)
         run = JobRun(
             entry=entry,
             spec=spec,

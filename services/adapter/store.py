@@ -8,17 +8,36 @@ attempt is fenced with its number: once another attempt began, this one can no l
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from services.adapter.lua import BEGIN_ATTEMPT_LUA
 from services.adapter.requests import image_input
 from services.engine.api import ImageInput
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, status_args
+from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, pipe_script, status_args
 from shared.keys import Keys
 from shared.schemas import ErrorCode, JobEvent, JobStatus
 from shared.tensors import TensorCodecError, unpack_tensors
 from shared.values import as_str
+
+
+@dataclass(frozen=True)
+class Begun:
+    """A delivery's start: the job as loaded, its new attempt (0: already terminal), its cancel flag."""
+
+    record: JobRecord
+    fields: dict[str, str]
+    attempt: int
+    cancelled: bool
+
+
+def _record(raw: dict[Any, Any]) -> tuple[JobRecord, dict[str, str]] | None:
+    if not raw or (b"spec" not in raw and "spec" not in raw):
+        return None
+    fields = {as_str(k): as_str(v) for k, v in raw.items()}
+    return JobRecord.from_hash(raw), fields
 
 
 class JobStore:
@@ -29,15 +48,24 @@ class JobStore:
         self.image_ttl_s = image_ttl_s
         self._set_status = client.register_script(SET_STATUS_LUA)
         self._finish = client.register_script(FINISH_LUA)
+        self._begin = client.register_script(BEGIN_ATTEMPT_LUA)
 
     # --- reads ---
     def load(self, job_id: str) -> tuple[JobRecord, dict[str, str]] | None:
         """The job record and its raw fields (decode timings live outside JobRecord)."""
-        raw = self.r.hgetall(self.keys.job(job_id))
-        if not raw or b"spec" not in raw:
+        return _record(self.r.hgetall(self.keys.job(job_id)))
+
+    def begin(self, job_id: str) -> Begun | None:
+        """One round trip: load the job, begin an attempt unless it is terminal, read its cancel flag.
+        None when the job is gone."""
+        reply = self._begin(keys=[self.keys.job(job_id), self.keys.job_cancel(job_id)])
+        if not reply:
             return None
-        fields = {as_str(k): as_str(v) for k, v in raw.items()}
-        return JobRecord.from_hash(raw), fields
+        attempt, cancelled, flat = reply
+        loaded = _record(dict(zip(flat[::2], flat[1::2], strict=True)))
+        if loaded is None:
+            return None
+        return Begun(loaded[0], loaded[1], int(attempt), bool(cancelled))
 
     def cancel_requested(self, job_ids: list[str]) -> list[str]:
         """Those of ``job_ids`` whose cancel flag is set (one round trip)."""
@@ -68,30 +96,34 @@ class JobStore:
     def image(self, digest: str, processor_id: str) -> ImageInput:
         """The decoded tensor; raises LookupError when it is gone, TensorCodecError when corrupt."""
         key = self.keys.tensor(digest, processor_id)
-        payload = self.r.get(key)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.expire(key, self.image_ttl_s)  # sessions keep using it
+        payload, _ = pipe.execute()
         if payload is None:
             raise LookupError("decoded image expired before inference; submit the image again")
-        self.r.expire(key, self.image_ttl_s)  # sessions keep using it
         try:
             return image_input(unpack_tensors(bytes(payload)), digest)  # type: ignore[arg-type]
         except (TensorCodecError, KeyError) as exc:
             raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
 
     # --- writes ---
-    def begin_attempt(self, job_id: str) -> int:
-        return int(self.r.hincrby(self.keys.job(job_id), "attempt", 1))
-
     def set_status(self, job_id: str, status: JobStatus, attempt: int, client: Any = None) -> Any:
-        """SET_STATUS_LUA fenced by ``attempt`` (refused once another attempt began)."""
+        """SET_STATUS_LUA fenced by ``attempt`` (refused once another attempt began); ``client``: a
+        pipeline to queue it on (its reply comes with the pipeline's)."""
         args = status_args(status, time.time(), self.job_ttl_s, attempt, fence=attempt)
-        return self._set_status(keys=self.job_keys(job_id), args=args, client=client)
+        if client is not None:
+            return pipe_script(client, SET_STATUS_LUA, self.job_keys(job_id), args)
+        return self._set_status(keys=self.job_keys(job_id), args=args)
 
     def finish(
         self, job_id: str, event: JobEvent, status: JobStatus, fence: int | None, client: Any = None
     ) -> Any:
         """FINISH_LUA: 1 written, 2 written before by this attempt, 0 already terminal, -1 fenced."""
         args = finish_args(event, status, time.time(), self.job_ttl_s, fence=fence)
-        return self._finish(keys=self.job_keys(job_id), args=args, client=client)
+        if client is not None:
+            return pipe_script(client, FINISH_LUA, self.job_keys(job_id), args)
+        return self._finish(keys=self.job_keys(job_id), args=args)
 
     def fail(
         self,

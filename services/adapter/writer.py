@@ -32,7 +32,7 @@ from services.adapter.run import JobRun, outcome, usage_info
 from services.adapter.store import JobStore
 from services.adapter.stream import StreamConsumer
 from services.engine.api import TokenEvent
-from shared.jobs import EVENTS_MAXLEN
+from shared.jobs import EVENTS_MAXLEN, pipe_script
 from shared.schemas import JobEvent, JobStatus, StageTimings
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,6 @@ class EventWriter(threading.Thread):
         self.cancel = cancel
         self._queue: queue.Queue[tuple[JobRun, TokenEvent]] = queue.Queue()
         self._halt = threading.Event()
-        self._append_tokens = client.register_script(APPEND_TOKENS_LUA)
         self.flushes = 0  # round trips (one MULTI/EXEC each)
         self.events = 0  # engine events written: events/flushes = batching per round trip
         self.error: str | None = None  # a permanent write error: the worker reports unhealthy
@@ -180,7 +179,7 @@ class EventWriter(threading.Thread):
             return
         part.append_at = len(pipe.command_stack)
         args: list[str | int] = [EVENTS_MAXLEN, part.run.attempt, *part.args]
-        self._append_tokens(keys=self.store.job_keys(part.run.job_id), args=args, client=pipe)
+        pipe_script(pipe, APPEND_TOKENS_LUA, self.store.job_keys(part.run.job_id), args)
 
     def _tokens(self, part: _Part, event: TokenEvent) -> None:
         """Record the event's tokens in ``part``; queue its token event unless already published."""

@@ -1,0 +1,50 @@
+"""The gateway's decode-task message is the one Celery's own ``send_task`` publishes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import redis
+
+from gateway.decode_queue import DecodeQueue
+from shared.config import GatewaySettings
+from worker.celery_app import DECODE_QUEUE, DECODE_TASK
+
+IDS = ("id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin")
+
+
+def _masked(message: dict[str, Any]) -> dict[str, Any]:
+    """The envelope with its per-message ids replaced by a placeholder."""
+    out = json.loads(json.dumps(message))
+    for part in (out["headers"], out["properties"]):
+        for key in IDS:
+            if key in part:
+                part[key] = "<id>"
+    return out
+
+
+def test_envelope_matches_send_task(redis_url: str) -> None:
+    prefix = f"vlmqtest-{uuid.uuid4().hex[:8]}"
+    settings = GatewaySettings(_env_file=None, redis_url=redis_url, key_prefix=prefix)  # type: ignore[call-arg]
+    queue = DecodeQueue(settings)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        queue.app.send_task(DECODE_TASK, args=["job-1"], queue=DECODE_QUEUE)
+        celery_raw = r.lrange(queue.key, 0, -1)  # send_task pushed onto the list the gateway uses
+        assert len(celery_raw) == 1
+        celery_msg = json.loads(celery_raw[0])
+        ours = json.loads(queue.message("job-1"))
+        assert _masked(ours) == _masked(celery_msg)
+        assert json.loads(base64.b64decode(ours["body"]))[0] == ["job-1"]
+        assert ours["headers"]["id"] == ours["properties"]["correlation_id"] == ours["headers"]["root_id"]
+        assert queue.message("job-1") != queue.message("job-1")  # fresh task id and delivery tag
+        pipe = r.pipeline(transaction=True)
+        queue.push(pipe, "job-2")
+        pipe.execute()
+        assert r.llen(queue.key) == 2
+    finally:
+        queue.close()
+        r.close()
