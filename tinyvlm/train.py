@@ -1,6 +1,6 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # full run into runs/vlmq-tiny (~30 min on 2 cores)
+    python -m tinyvlm.train                      # the recipe (2 stages) into runs/vlmq-tiny
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import Glm4vForConditionalGeneration
 
 from tinyvlm import build, data
 from tinyvlm.scene import TRAIN_SPEC, SceneSpec
@@ -61,6 +62,7 @@ class TrainConfig:
     save_every: int = 50
     workers: int = 2
     curriculum: bool = True
+    stop_after: int | None = None  # cut the schedule short (stage 1 of the recipe)
 
 
 SMOKE = TrainConfig(examples=48, steps=6, batch=8, warmup=2, log_every=2, curriculum=False)
@@ -108,10 +110,12 @@ def answer_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float((pred[mask] == gold[mask]).float().mean()) if mask.any() else 0.0
 
 
-def train(cfg: TrainConfig, out: Path, cache_dir: Path) -> Path:
+def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     processor = build.build_processor()
     model = build.build_model(processor.tokenizer, seed=cfg.seed)
+    if init is not None:  # continue from a checkpoint (same config), e.g. a second stage
+        model.load_state_dict(Glm4vForConditionalGeneration.from_pretrained(init).state_dict())
     started = time.time()
     examples, plan = load_data(cfg, cache_dir)
     print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
@@ -120,7 +124,7 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     with (out / "train_log.jsonl").open("w") as log:
-        bar = tqdm(plan, desc="train", unit="step")
+        bar = tqdm(plan[: cfg.stop_after], desc="train", unit="step")
         for step, idx in enumerate(bar):
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
@@ -145,6 +149,13 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path) -> Path:
     return out
 
 
+# The recipe that produced models/vlmq-tiny: stage 1 runs the curriculum for 450 of a 750-step
+# schedule (the model has just learned to read the image), stage 2 restarts the learning rate
+# on the full distribution.
+STAGE1 = TrainConfig(steps=750, stop_after=450)
+STAGE2 = TrainConfig(steps=800, lr=5e-4, curriculum=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,18 +164,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
+    parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
     args = parser.parse_args()
-    cfg = SMOKE if args.smoke else TrainConfig()
-    overrides = {
-        k: getattr(args, k) for k in ("steps", "examples", "lr", "seed") if getattr(args, k) is not None
-    }
-    cfg = TrainConfig(**{**cfg.__dict__, **overrides})
     torch.set_num_threads(2)
     out = args.out or Path("runs/vlmq-tiny-smoke" if args.smoke else "runs/vlmq-tiny")
-    train(cfg, out, args.cache_dir)
+    names = ("steps", "stop_after", "examples", "lr", "seed")
+    overrides: dict[str, object] = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    if args.no_curriculum:
+        overrides["curriculum"] = False
+    if args.smoke or overrides or args.init:
+        cfg = TrainConfig(**{**(SMOKE if args.smoke else TrainConfig()).__dict__, **overrides})  # type: ignore[arg-type]
+        train(cfg, out, args.cache_dir, init=args.init)
+        return
+    train(STAGE1, out / "stage1", args.cache_dir)
+    train(STAGE2, out, args.cache_dir, init=out / "stage1")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class InferenceWorker:
         self.runs: dict[str, JobRun] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
+        self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
         self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0}
 
     # --- lifecycle ---
@@ -99,8 +100,9 @@ class InferenceWorker:
             for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots()):
                 self.handle(entry)
         free = self.free_slots()
-        if free <= 0:
-            time.sleep(READ_BLOCK_MS / 1000)
+        if free <= 0:  # full: wait for a job to finish (not a fixed sleep), then read at once
+            self._slot_freed.wait(READ_BLOCK_MS / 1000)
+            self._slot_freed.clear()
             return
         for entry in self.consumer.read(free, READ_BLOCK_MS):
             self.handle(entry)
@@ -256,6 +258,7 @@ class InferenceWorker:
     def _forget(self, job_id: str) -> None:
         with self._lock:
             self.runs.pop(job_id, None)
+        self._slot_freed.set()
 
     def _runs(self) -> list[JobRun]:
         with self._lock:
