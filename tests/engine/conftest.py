@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.common import build_model, bundled_model_path, load_bundled
+from bench.common import build_model, bundled_is_random, bundled_model_path, load_bundled
 from services.engine import Engine, EngineConfig
 
 torch.set_num_threads(2)
@@ -25,8 +25,7 @@ def bundled() -> tuple[Any, Any]:
 @pytest.fixture(scope="session")
 def bundled_tie_tol() -> float:
     """Trained weights: strictly token-identical. Random-init stand-in: near ties allowed."""
-    path = bundled_model_path()
-    return 0.0 if path is not None and path.name == "vlmq-tiny" else 1e-4
+    return 1e-4 if bundled_is_random() else 0.0
 
 
 @pytest.fixture(scope="session")
