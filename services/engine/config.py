@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 MIB = 1024 * 1024
 
@@ -28,26 +26,3 @@ class EngineConfig:
     # encode queued requests' images on a side thread, overlapping the batch's forwards (needs a free
     # core or a GPU; on this shared 2-core CPU it measured no gain, hence off by default)
     vision_prefetch: bool = False
-
-    @classmethod
-    def from_env(cls, prefix: str = "VLMQ_", **overrides: Any) -> EngineConfig:
-        """Read ``VLMQ_<FIELD>`` variables (e.g. ``VLMQ_QUANTIZE=int8``); ``overrides`` win."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = os.environ.get(prefix + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(raw, f.default)
-        values.update(overrides)
-        return cls(**values)
-
-
-def _parse(raw: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        return int(raw)
-    if isinstance(default, float):
-        return float(raw)
-    if default is None:  # max_batch
-        return int(raw) if raw.strip() else None
-    return raw
