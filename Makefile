@@ -23,7 +23,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts
+	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests
 
 bench: bench-engine bench-service
 

@@ -23,6 +23,7 @@ def test_tokenizer_matches_committed_checkpoint() -> None:
 def test_labels_cover_answers_and_eos_only() -> None:
     tok = build_tokenizer()
     assistant, eos = tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id
+    assert isinstance(assistant, int) and isinstance(eos, int)
     ids = torch.tensor(
         tok("<|user|>Hi<|assistant|>red<|endoftext|><|user|>And?<|assistant|>big<|endoftext|>")["input_ids"]
     )
