@@ -124,6 +124,8 @@ def commands(gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings) -> 
             gw.host,
             "--port",
             str(gw.port),
+            "--ws-per-message-deflate",
+            "false",  # base64 images barely deflate: CPU for nothing (gateway/__main__.py)
         ],
         "flower": flower,
     }

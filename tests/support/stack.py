@@ -126,6 +126,8 @@ class ServiceStack:
                 str(self.port),
                 "--log-level",
                 "info",
+                "--ws-per-message-deflate",
+                "false",
             ]
             return ManagedProcess(name, cmd, self.env, log, ready=lambda _p: self._healthz())
         raise ValueError(f"unknown component {name!r}")
