@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from tinyvlm import build, questions, render
 from tinyvlm.questions import Turn
@@ -131,13 +132,30 @@ def generate(n: int, seed: int, spec: SceneSpec = TRAIN_SPEC, workers: int = 2) 
 def load_or_generate(
     n: int, seed: int, cache_dir: Path, workers: int = 2, spec: SceneSpec = TRAIN_SPEC, tag: str = ""
 ) -> list[Example]:
-    path = cache_dir / f"train{tag}-s{seed}-n{n}.pt"
+    path = cache_dir / f"train{tag}-s{seed}-n{n}.safetensors"
     if path.exists():
-        return torch.load(path, weights_only=False)
+        return _load_examples(path)
     examples = generate(n, seed, spec=spec, workers=workers)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(examples, path)
+    _save_examples(examples, path)
     return examples
+
+
+_FIELDS = ("input_ids", "labels", "mm_token_type_ids", "pixels", "grid_thw")
+
+
+def _save_examples(examples: list[Example], path: Path) -> None:
+    """safetensors, not pickle: a cache file can hold tensors and nothing else."""
+    flat = {
+        f"{i}.{name}": getattr(ex, name).contiguous() for i, ex in enumerate(examples) for name in _FIELDS
+    }
+    save_file(flat, str(path))
+
+
+def _load_examples(path: Path) -> list[Example]:
+    flat = load_file(str(path))
+    count = len(flat) // len(_FIELDS)
+    return [Example(**{name: flat[f"{i}.{name}"] for name in _FIELDS}) for i in range(count)]
 
 
 def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torch.Tensor]:
