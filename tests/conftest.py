@@ -18,7 +18,7 @@ import redis
 
 from scripts.redis_launcher import start_redis
 from shared.keys import Keys
-from tests.support.stack import ALL, ServiceStack
+from tests.support.stack import ALL, ServiceStack, running
 
 SESSION_PREFIX = f"vlmqtest-{uuid.uuid4().hex[:8]}"
 os.environ["VLMQ_KEY_PREFIX"] = SESSION_PREFIX  # before any settings object is cached
@@ -63,14 +63,8 @@ def keys() -> Keys:
 def service_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     """Decode worker + inference worker + gateway, started once per session."""
     stack = ServiceStack(redis_url, tmp_path_factory.mktemp("stack-logs"))
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
-    yield stack
-    stack.stop()
+    with running(stack):
+        yield stack
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.stack import ServiceStack
+from tests.support.stack import ServiceStack, running
 
 # Small limits so size tests stay fast; the gateway reads them from its environment.
 MAX_IMAGE_BYTES = 300_000
@@ -32,14 +32,8 @@ def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     stack = ServiceStack(
         redis_url, tmp_path_factory.mktemp("gateway"), extra_env=GATEWAY_ENV, components=("gateway",)
     )
-    try:
-        stack.start(timeout_s=60)
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
-    yield stack
-    stack.stop()
+    with running(stack, timeout_s=60):
+        yield stack
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from services.engine import Engine, EngineConfig
 from tests.support.models import random_model_path
-from tests.support.stack import ServiceStack
+from tests.support.stack import ServiceStack, running
 
 STACK_ENV = {
     "VLMQ_MODEL": str(random_model_path()),
@@ -29,14 +29,8 @@ def inference_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) ->
         extra_env=STACK_ENV,
         components=("decode", "inference"),
     )
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
-    yield stack
-    stack.stop()
+    with running(stack):
+        yield stack
 
 
 @pytest.fixture(scope="module")

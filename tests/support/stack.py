@@ -12,7 +12,8 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,18 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what:
             return value
         time.sleep(interval_s)
     raise TimeoutError(f"{what} not reached within {timeout_s}s")
+
+
+@contextmanager
+def running(stack: ServiceStack, timeout_s: float = 120.0) -> Iterator[ServiceStack]:
+    """Start ``stack`` (printing its logs if it cannot start) and stop it on exit."""
+    try:
+        stack.start(timeout_s=timeout_s)
+    except Exception:
+        print(stack.logs())
+        stack.stop()
+        raise
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -6,17 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.stack import ServiceStack
+from tests.support.stack import ServiceStack, running
 
 
 @pytest.fixture(scope="module")
 def decode_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     stack = ServiceStack(redis_url, tmp_path_factory.mktemp("decode-logs"), components=("decode",))
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
-    yield stack
-    stack.stop()
+    with running(stack):
+        yield stack
