@@ -315,36 +315,21 @@ def image_input(processor: Any, png: bytes) -> ImageInput:
     )
 
 
-def bundled_model_path() -> Path | None:
-    """``VLMQ_ENGINE_MODEL`` if set, else models/vlmq-tiny when it exists, else the random-init
-    checkpoint in the final format (runs/READY-random.txt)."""
+def bundled_model_path() -> Path:
+    """``VLMQ_ENGINE_MODEL`` if set (e.g. a random-init checkpoint), else the committed models/vlmq-tiny."""
     override = os.environ.get("VLMQ_ENGINE_MODEL")
-    if override:
-        return Path(override)
-    if (BUNDLED_MODEL / "config.json").exists():
-        return BUNDLED_MODEL
-    ready = ROOT / "runs" / "READY-random.txt"
-    if ready.exists():
-        first = ready.read_text().split(":", 1)[-1].split()[0]
-        path = ROOT / first
-        if (path / "config.json").exists():
-            return path
-    return None
+    return Path(override) if override else BUNDLED_MODEL
 
 
 def bundled_is_random() -> bool:
     """Random weights give near-tied logits: exactness tests then allow divergence at near ties."""
-    path = bundled_model_path()
-    return path is not None and "random" in path.name
+    return "random" in bundled_model_path().name
 
 
 def load_bundled(quantize: str = "none") -> tuple[Any, Any]:
     from services.model.loading import load_model
 
-    path = bundled_model_path()
-    if path is None:
-        raise FileNotFoundError("no bundled model (models/vlmq-tiny) and no random-init checkpoint")
-    return load_model(path, quantize, "cpu")
+    return load_model(bundled_model_path(), quantize, "cpu")
 
 
 def build_large_glm(processor: Any, seed: int = 0) -> Any:
@@ -352,9 +337,7 @@ def build_large_glm(processor: Any, seed: int = 0) -> Any:
     compute (not Python overhead) dominates: 8 text layers of width 768, a 12-block vision tower."""
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration
 
-    path = bundled_model_path()
-    assert path is not None
-    cfg = Glm4vConfig.from_pretrained(path)
+    cfg = Glm4vConfig.from_pretrained(bundled_model_path())
     tc: Any = cfg.text_config
     vc: Any = cfg.vision_config
     tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers = 768, 2304, 8
