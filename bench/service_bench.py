@@ -409,8 +409,6 @@ def main() -> int:
         "VLMQ_CLAIM_IDLE_MS": "30000",
         "VLMQ_VISIBILITY_TIMEOUT_S": "300",
         "VLMQ_WORKER_STALE_S": "10",
-        # as ``python -m gateway`` runs it (the stack starts plain uvicorn): see gateway/__main__.py
-        "UVICORN_WS_PER_MESSAGE_DEFLATE": "false",
     }
     stack = ServiceStack(redis_server.url, logs, extra_env=env, components=ALL)
     peer = Peer(args.model, args.threads, logs / "transformers-serve.log")

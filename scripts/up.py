@@ -21,6 +21,7 @@ import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Supervisor
 from shared.config import (
@@ -96,37 +97,9 @@ def commands(gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings) -> 
     if up.flower_user and up.flower_password:
         flower.append(f"--basic-auth={up.flower_user}:{up.flower_password}")
     return {
-        "inference": [py, "-m", "services.inference_worker"],
-        "decode": [
-            py,
-            "-m",
-            "celery",
-            "-A",
-            "worker.celery_app",
-            "worker",
-            "-Q",
-            "decode",
-            "-c",
-            str(dec.decode_concurrency),
-            "-E",
-            "--loglevel",
-            gw.log_level,
-            "-n",
-            "decode@%h",
-        ],
-        "gateway": [
-            py,
-            "-m",
-            "uvicorn",
-            "gateway.app:create_app",
-            "--factory",
-            "--host",
-            gw.host,
-            "--port",
-            str(gw.port),
-            "--ws-per-message-deflate",
-            "false",  # base64 images barely deflate: CPU for nothing (gateway/__main__.py)
-        ],
+        "inference": inference_command(),
+        "decode": decode_command(dec.decode_concurrency, gw.log_level, "decode@%h"),
+        "gateway": gateway_command(),
         "flower": flower,
     }
 

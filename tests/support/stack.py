@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -21,6 +20,7 @@ import httpx
 import redis
 from celery import Celery
 
+from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import free_port
 from shared.config import DecodeWorkerSettings, GatewaySettings
 from shared.keys import Keys
@@ -28,7 +28,6 @@ from tests.support.models import test_model_path
 from tests.support.processes import ManagedProcess, log_contains
 from worker.celery_app import DECODE_QUEUE, DECODE_TASK, make_app
 
-PY = sys.executable
 ALL = ("decode", "inference", "gateway")
 
 # Short timings so fault tests run in seconds; any test may override through ``extra_env``.
@@ -91,46 +90,15 @@ class ServiceStack:
         log = self.log_dir / f"{name}.log"
         if name == "decode":
             concurrency = self.env.get("VLMQ_DECODE_CONCURRENCY", "1")
-            cmd = [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "worker.celery_app",
-                "worker",
-                "-Q",
-                "decode",
-                "-c",
-                concurrency,
-                "-E",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"decode-{self.key_prefix}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ]
+            node = f"decode-{self.key_prefix}@%h"
+            cmd = decode_command(concurrency, "INFO", node, "--without-mingle", "--without-gossip")
             return ManagedProcess(name, cmd, self.env, log, ready=log_contains("decode process ready"))
         if name == "inference":
-            cmd = [PY, "-m", "services.inference_worker"]
-            return ManagedProcess(name, cmd, self.env, log, ready=lambda _p: self.worker_alive())
+            alive = lambda _p: self.worker_alive()  # noqa: E731
+            return ManagedProcess(name, inference_command(), self.env, log, ready=alive)
         if name == "gateway":
-            cmd = [
-                PY,
-                "-m",
-                "uvicorn",
-                "gateway.app:create_app",
-                "--factory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "info",
-                "--ws-per-message-deflate",
-                "false",
-            ]
-            return ManagedProcess(name, cmd, self.env, log, ready=lambda _p: self._healthz())
+            env = {**self.env, "VLMQ_HOST": "127.0.0.1", "VLMQ_PORT": str(self.port)}
+            return ManagedProcess(name, gateway_command(), env, log, ready=lambda _p: self._healthz())
         raise ValueError(f"unknown component {name!r}")
 
     # --- readiness ---

@@ -1,0 +1,24 @@
+"""The command lines of vlmq's processes, shared by `make up` and the test/bench stacks."""
+
+from __future__ import annotations
+
+import sys
+
+PY = sys.executable
+
+
+def gateway_command() -> list[str]:
+    """Host, port and log level come from VLMQ_HOST / VLMQ_PORT / VLMQ_LOG_LEVEL (gateway/__main__.py)."""
+    return [PY, "-m", "gateway"]
+
+
+def inference_command() -> list[str]:
+    return [PY, "-m", "services.inference_worker"]
+
+
+def decode_command(concurrency: int | str, log_level: str, node: str, *extra: str) -> list[str]:
+    """Celery prefork decode workers on queue ``decode``, with task events on for Flower."""
+    return [
+        PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "decode",
+        "-c", str(concurrency), "-E", "--loglevel", log_level, "-n", node, *extra,
+    ]  # fmt: skip
