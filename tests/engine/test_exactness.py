@@ -9,17 +9,11 @@ from typing import Any
 import pytest
 
 from bench.common import draw_image, image_input
+from bench.engine_workloads import QUESTIONS as WORKLOAD_QUESTIONS
 from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
 from tests.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
 
-QUESTIONS = [
-    "What colour is the circle?",
-    "How many shapes are there?",
-    "Where is the red square?",
-    "What shape is the big one?",
-    "Is the star left or right of the circle?",
-    "What is written?",
-]
+QUESTIONS = WORKLOAD_QUESTIONS[:6]  # the bench workload's questions
 
 
 def _req(
