@@ -14,12 +14,14 @@ from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProce
 from services.model.registration import VlmqGlm4vProcessor
 from tinyvlm import tokenizer as tk
 
-PATCH = 8
+# GLM-4V's own geometry: 14-pixel patches, 2x2 merged into one 28-pixel image token.
+PATCH = 14
 MERGE = 2
-# Glm4v's smart_resize counts 2 temporal frames; 2*128*128 pixels = 64 image tokens at most.
-MAX_PIXELS = 2 * 128 * 128
+TOKEN = PATCH * MERGE
+# Glm4v's smart_resize counts 2 temporal frames; 2*224*224 pixels = 64 image tokens at most.
+MAX_PIXELS = 2 * (8 * TOKEN) ** 2
 # Small images are upscaled to >= 49 tokens so objects keep a similar size in patches.
-MIN_PIXELS = 2 * 112 * 112
+MIN_PIXELS = 2 * (7 * TOKEN) ** 2
 
 
 def build_image_processor() -> Glm4vImageProcessorPil:
@@ -70,7 +72,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
             intermediate_size=384,
             patch_size=PATCH,
             out_hidden_size=hidden,
-            image_size=128,
+            image_size=8 * TOKEN,
             spatial_merge_size=MERGE,
             temporal_patch_size=2,
         ),

@@ -16,13 +16,17 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyvlm import build, questions, render
+from tinyvlm import build, labels, questions, render
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
 
 # Render area for training images: 4x the processor's cap, i.e. 2x its linear resolution.
 RENDER_AREA = 2 * build.MAX_PIXELS
 IGNORE = -100
+# Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
+# paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
+TRAIN_TURNS = (4, 10)
+CACHE_VERSION = 3  # bump when an example's content changes
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Example:
     mm_token_type_ids: torch.Tensor  # (L,) int64
     pixels: torch.Tensor  # (patches, 3, P, P) uint8
     grid_thw: torch.Tensor  # (3,) int64
+    token_labels: torch.Tensor  # (image tokens, len(labels.COLUMNS)) int64, see tinyvlm.labels
 
 
 def messages(turns: list[Turn], with_answers: bool = True) -> list[dict[str, Any]]:
@@ -90,13 +95,16 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
     ids = enc["input_ids"][0]
     tok = processor.tokenizer
-    labels = assistant_labels(ids, tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id)
+    answer_labels = assistant_labels(ids, tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id)
+    grid = enc["image_grid_thw"][0]
+    merge = processor.image_processor.merge_size
     return Example(
         ids,
-        labels,
+        answer_labels,
         enc["mm_token_type_ids"][0],
         _to_uint8_pixels(enc["pixel_values"], processor),
-        enc["image_grid_thw"][0],
+        grid,
+        labels.token_labels(scene, int(grid[1]) // merge, int(grid[2]) // merge),
     )
 
 
@@ -113,7 +121,7 @@ def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
     seed, index, spec = args
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
-    turns = questions.conversation(scene, rng)
+    turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
@@ -132,7 +140,7 @@ def generate(n: int, seed: int, spec: SceneSpec = TRAIN_SPEC, workers: int = 2) 
 def load_or_generate(
     n: int, seed: int, cache_dir: Path, workers: int = 2, spec: SceneSpec = TRAIN_SPEC, tag: str = ""
 ) -> list[Example]:
-    path = cache_dir / f"train{tag}-s{seed}-n{n}.safetensors"
+    path = cache_dir / f"train{tag}-v{CACHE_VERSION}-s{seed}-n{n}.safetensors"
     if path.exists():
         return _load_examples(path)
     examples = generate(n, seed, spec=spec, workers=workers)
@@ -141,7 +149,7 @@ def load_or_generate(
     return examples
 
 
-_FIELDS = ("input_ids", "labels", "mm_token_type_ids", "pixels", "grid_thw")
+_FIELDS = ("input_ids", "labels", "mm_token_type_ids", "pixels", "grid_thw", "token_labels")
 
 
 def _save_examples(examples: list[Example], path: Path) -> None:
@@ -172,6 +180,7 @@ def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torc
         "labels": torch.stack([pad(e.labels, IGNORE) for e in batch]),
         "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
         "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
+        "token_labels": torch.cat([e.token_labels for e in batch]),
     }
 
 

@@ -54,7 +54,7 @@ def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> str | None:
         for anchor in scene.objects:
             plain = _plain_refs(anchor, scene)
             if anchor.cell == anchor_cell and plain:
-                options.append(f"the shape {word} of {rng.choice(sorted(plain.values()))}")
+                options.append(f"the shape {word} {rng.choice(sorted(plain.values()))}")
     return rng.choice(options) if options else None
 
 
@@ -152,9 +152,12 @@ def _fresh_question(
                 return other, None
 
 
-def conversation(scene: Scene, rng: random.Random, held_out: bool = False) -> list[Turn]:
-    """1-3 turns; a follow-up asks another attribute of the previous turn's object."""
-    n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
+def conversation(
+    scene: Scene, rng: random.Random, held_out: bool = False, n_turns: int | None = None
+) -> list[Turn]:
+    """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object."""
+    if n_turns is None:
+        n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
     turns: list[Turn] = []
     obj: Obj | None = None
     asked: set[str] = set()

@@ -3,6 +3,7 @@
 import io
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -47,7 +48,7 @@ def _cross(cx: float, cy: float, r: float) -> list[Point]:
     return [(cx + x, cy + y) for x, y in outline]
 
 
-def _polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
+def polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
     if shape == "square":
         s = r * 0.85
         return [(cx - s, cy - s), (cx + s, cy - s), (cx + s, cy + s), (cx - s, cy + s)]
@@ -70,13 +71,18 @@ def _cell_box(cell: tuple[int, int], width: int, height: int) -> tuple[float, fl
     return (cell[0] + 0.5) * cw, (cell[1] + 0.5) * ch, min(cw, ch)
 
 
-def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, width: int, height: int) -> None:
+def object_geometry(obj: Obj, width: int, height: int) -> tuple[float, float, float]:
+    """Centre (x, y) and radius of an object, in pixels of a ``width`` x ``height`` drawing."""
     x, y, side = _cell_box(obj.cell, width, height)
-    cx, cy, r = x + obj.dx * side, y + obj.dy * side, obj.radius * side
+    return x + obj.dx * side, y + obj.dy * side, obj.radius * side
+
+
+def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, width: int, height: int) -> None:
+    cx, cy, r = object_geometry(obj, width, height)
     if obj.shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb)
     else:
-        draw.polygon(_polygon(obj.shape, cx, cy, r), fill=obj.rgb)
+        draw.polygon(polygon(obj.shape, cx, cy, r), fill=obj.rgb)
 
 
 @lru_cache(maxsize=64)
@@ -84,9 +90,20 @@ def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
-def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int) -> None:
+def _glyph_font(glyph: Glyph, width: int, height: int) -> tuple[float, float, Any]:
     x, y, side = _cell_box(glyph.cell, width, height)
-    draw.text((x, y), glyph.char, fill=glyph.rgb, font=_font(max(8, round(side * 0.8))), anchor="mm")
+    return x, y, _font(max(8, round(side * 0.8)))
+
+
+def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int) -> None:
+    x, y, font = _glyph_font(glyph, width, height)
+    draw.text((x, y), glyph.char, fill=glyph.rgb, font=font, anchor="mm")
+
+
+def glyph_box(glyph: Glyph, width: int, height: int) -> tuple[float, float, float, float]:
+    """The glyph's ink bounding box (left, top, right, bottom) in pixels."""
+    x, y, font = _glyph_font(glyph, width, height)
+    return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=font, anchor="mm")
 
 
 def _background(scene: Scene, width: int, height: int) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""The training objective: the shared-prefix forward equals the plain forward, and the per-token
+labels say what the picture shows where."""
+
+import random
+
+import pytest
+import torch
+
+from tinyvlm import build, data, labels, objective, questions, vocab
+from tinyvlm.scene import Glyph, Obj, Scene, sample_scene
+
+
+@pytest.fixture(scope="module")
+def processor() -> object:
+    return build.build_processor()
+
+
+def batch_of(processor: object, n: int) -> dict[str, torch.Tensor]:
+    examples = []
+    for i in range(n):
+        rng = random.Random(i)
+        scene = sample_scene(rng)
+        turns = questions.conversation(scene, rng, n_turns=rng.randint(*data.TRAIN_TURNS))
+        examples.append(data.make_example(processor, scene, turns, seed=i))
+    tok = processor.tokenizer  # type: ignore[attr-defined]
+    return data.collate(examples, processor, tok.pad_token_id)
+
+
+def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
+    torch.manual_seed(0)
+    model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
+    batch = batch_of(processor, 3)
+    model_inputs = {k: v for k, v in batch.items() if k != "token_labels"}
+    with torch.no_grad():
+        full = model(**model_inputs).logits
+        shared, prefix = objective.forward_logits(model, batch, objective.image_features(model, batch))
+    first_image = int((batch["input_ids"][0] == model.config.image_token_id).nonzero()[0])
+    assert 100 <= prefix <= first_image  # the system prompt, never an image token
+    real = batch["attention_mask"][:, prefix:].bool()
+    assert torch.allclose(full[:, prefix:][real], shared[real], atol=1e-4)
+
+
+def test_gradients_reach_the_vision_encoder_and_the_heads(processor: object) -> None:
+    model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
+    heads = objective.TokenHeads(model.config.text_config.hidden_size)
+    out = objective.step(model, heads, batch_of(processor, 2), token_weight=0.5)
+    out.loss.backward()
+    assert model.model.visual.patch_embed.proj.weight.grad is not None
+    assert heads.linear.weight.grad is not None and heads.linear.weight.grad.abs().sum() > 0
+
+
+def _scene(objects: tuple[Obj, ...], glyph: Glyph | None = None) -> Scene:
+    return Scene(280, 280, (240, 240, 240), (0.0, 0.0), 0.0, objects, glyph, "png", 90)
+
+
+def test_token_labels_mark_the_object_under_each_token() -> None:
+    big_red_circle = Obj("circle", "red", "big", (0, 0), 0.0, 0.0, 0.44, (220, 30, 30))
+    small_blue_star = Obj("star", "blue", "small", (2, 2), 0.0, 0.0, 0.24, (30, 70, 220))
+    scene = _scene((big_red_circle, small_blue_star), Glyph("7", (2, 0), (15, 15, 15)))
+    grid = labels.token_labels(scene, 9, 9).reshape(9, 9, len(labels.COLUMNS))
+    colour, shape, size, cell, glyph, centre = (grid[..., i] for i in range(len(labels.COLUMNS)))
+    red = 1 + list(vocab.COLOURS).index("red")
+    assert colour[1, 1] == red and shape[1, 1] == 1 + vocab.SHAPES.index("circle")
+    assert size[1, 1] == 1 + vocab.SIZES.index("big") and cell[1, 1] == 1  # top left is cell 1
+    assert colour[7, 7] == 1 + list(vocab.COLOURS).index("blue")
+    assert glyph[1, 7] == 1 + vocab.GLYPHS.index("7") and colour[1, 7] == 0
+    assert colour[4, 4] == 0 and shape[4, 4] == 0  # the empty centre cell
+    assert centre.sum() == 2 and centre[1, 1] == 1 and centre[7, 7] == 1
+
+
+def test_linear_patch_embed_matches_the_conv(processor: object) -> None:
+    model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
+    batch = batch_of(processor, 1)
+    with torch.no_grad():
+        conv = model.model.visual.patch_embed(batch["pixel_values"])
+        objective.linear_patch_embed(model)
+        linear = model.model.visual.patch_embed(batch["pixel_values"])
+    assert torch.allclose(conv, linear, atol=1e-5)
