@@ -92,6 +92,10 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Glm4vForConditionalGeneration:
     torch.manual_seed(seed)
     model = Glm4vForConditionalGeneration(build_config(tokenizer))
+    # The patch features are RMS-normalised to ~1 per dimension before the learned position
+    # embedding is added; at the default std 0.02 where a token sits is drowned out, and the
+    # "where is it" answers have nothing to read.
+    torch.nn.init.normal_(model.model.visual.embeddings.position_embedding.weight, std=1.0)
     gen = model.generation_config
     gen.eos_token_id = tokenizer.eos_token_id
     gen.pad_token_id = tokenizer.pad_token_id

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tinyvlm import build, labels, questions, render
+from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
 
@@ -26,13 +27,14 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 3  # bump when an example's content changes
+CACHE_VERSION = 4  # bump when an example's content changes
 
 
 @dataclass
 class Example:
     input_ids: torch.Tensor  # (L,) int64
     labels: torch.Tensor  # (L,) int64, IGNORE outside assistant answers
+    question_labels: torch.Tensor  # (L,) int64, IGNORE outside the user's words
     mm_token_type_ids: torch.Tensor  # (L,) int64
     pixels: torch.Tensor  # (patches, 3, P, P) uint8
     grid_thw: torch.Tensor  # (3,) int64
@@ -71,6 +73,21 @@ def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch
     return labels
 
 
+def question_labels(ids: torch.Tensor, user_id: int, assistant_id: int, image_ids: set[int]) -> torch.Tensor:
+    """Labels on the words of every user turn (not the image): a language-model loss there teaches
+    the question syntax, and the words that name objects ("the red circle") depend on the picture."""
+    labels = torch.full_like(ids, IGNORE)
+    inside = False
+    for i, token in enumerate(ids.tolist()):
+        if token == assistant_id:
+            inside = False
+        elif inside and token not in image_ids:
+            labels[i] = token
+        elif token == user_id:
+            inside = True
+    return labels
+
+
 def _to_uint8_pixels(pixel_values: torch.Tensor, processor: Any) -> torch.Tensor:
     ip = processor.image_processor
     patch = ip.patch_size
@@ -95,12 +112,16 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
     ids = enc["input_ids"][0]
     tok = processor.tokenizer
-    answer_labels = assistant_labels(ids, tok.convert_tokens_to_ids("<|assistant|>"), tok.eos_token_id)
+    assistant_id = tok.convert_tokens_to_ids("<|assistant|>")
+    answer_labels = assistant_labels(ids, assistant_id, tok.eos_token_id)
+    image_ids = set(tok.convert_tokens_to_ids([tk.IMAGE, tk.BEGIN_IMAGE, tk.END_IMAGE]))
+    user_labels = question_labels(ids, tok.convert_tokens_to_ids("<|user|>"), assistant_id, image_ids)
     grid = enc["image_grid_thw"][0]
     merge = processor.image_processor.merge_size
     return Example(
         ids,
         answer_labels,
+        user_labels,
         enc["mm_token_type_ids"][0],
         _to_uint8_pixels(enc["pixel_values"], processor),
         grid,
@@ -149,7 +170,15 @@ def load_or_generate(
     return examples
 
 
-_FIELDS = ("input_ids", "labels", "mm_token_type_ids", "pixels", "grid_thw", "token_labels")
+_FIELDS = (
+    "input_ids",
+    "labels",
+    "question_labels",
+    "mm_token_type_ids",
+    "pixels",
+    "grid_thw",
+    "token_labels",
+)
 
 
 def _save_examples(examples: list[Example], path: Path) -> None:
@@ -178,6 +207,7 @@ def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torc
         "attention_mask": torch.stack([pad(torch.ones_like(e.input_ids), 0) for e in batch]),
         "mm_token_type_ids": torch.stack([pad(e.mm_token_type_ids, 0) for e in batch]),
         "labels": torch.stack([pad(e.labels, IGNORE) for e in batch]),
+        "question_labels": torch.stack([pad(e.question_labels, IGNORE) for e in batch]),
         "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
         "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
         "token_labels": torch.cat([e.token_labels for e in batch]),

@@ -53,6 +53,7 @@ def linear_patch_embed(model: Glm4vForConditionalGeneration) -> None:
 class StepOutput:
     loss: torch.Tensor
     answer_loss: torch.Tensor
+    question_loss: torch.Tensor
     token_loss: torch.Tensor
     logits: torch.Tensor  # (B, L - prefix, V): the rows after the shared prefix
     labels: torch.Tensor  # (B, L - prefix)
@@ -110,17 +111,23 @@ def forward_logits(
     return out.logits, prefix
 
 
+def _next_token_loss(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    flat = logits[:, :-1].reshape(-1, logits.shape[-1])
+    return F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE)
+
+
 def step(
     model: Glm4vForConditionalGeneration,
     heads: TokenHeads,
     batch: dict[str, torch.Tensor],
     token_weight: float,
+    question_weight: float = 0.0,
 ) -> StepOutput:
     features = image_features(model, batch)
     logits, prefix = forward_logits(model, batch, features)
     gold = batch["labels"][:, prefix:]
-    answer_loss = F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), gold[:, 1:].reshape(-1), ignore_index=IGNORE
-    )
+    answer_loss = _next_token_loss(logits, gold)
+    question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
     token_loss = heads.loss(features, batch["token_labels"])
-    return StepOutput(answer_loss + token_weight * token_loss, answer_loss, token_loss, logits, gold)
+    loss = answer_loss + question_weight * question_loss + token_weight * token_loss
+    return StepOutput(loss, answer_loss, question_loss, token_loss, logits, gold)

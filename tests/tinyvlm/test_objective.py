@@ -43,8 +43,9 @@ def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
 def test_gradients_reach_the_vision_encoder_and_the_heads(processor: object) -> None:
     model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
     heads = objective.TokenHeads(model.config.text_config.hidden_size)
-    out = objective.step(model, heads, batch_of(processor, 2), token_weight=0.5)
+    out = objective.step(model, heads, batch_of(processor, 2), token_weight=0.5, question_weight=0.3)
     out.loss.backward()
+    assert out.question_loss > 0 and out.answer_loss > 0
     assert model.model.visual.patch_embed.proj.weight.grad is not None
     assert heads.linear.weight.grad is not None and heads.linear.weight.grad.abs().sum() > 0
 
@@ -76,3 +77,14 @@ def test_linear_patch_embed_matches_the_conv(processor: object) -> None:
         objective.linear_patch_embed(model)
         linear = model.model.visual.patch_embed(batch["pixel_values"])
     assert torch.allclose(conv, linear, atol=1e-5)
+
+
+def test_question_labels_cover_the_user_words_only(processor: object) -> None:
+    tok = processor.tokenizer  # type: ignore[attr-defined]
+    batch = batch_of(processor, 1)
+    ids, gold = batch["input_ids"][0], batch["question_labels"][0]
+    kept = tok.decode(ids[gold != data.IGNORE])
+    rng = random.Random(0)
+    scene = sample_scene(rng)
+    turns = questions.conversation(scene, rng, n_turns=rng.randint(*data.TRAIN_TURNS))
+    assert kept == "".join(turn.question for turn in turns)
