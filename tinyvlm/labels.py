@@ -51,8 +51,8 @@ def _coverage_map(scene: Scene, grid_w: int, grid_h: int) -> np.ndarray:
 
 def token_labels(scene: Scene, grid_h: int, grid_w: int) -> torch.Tensor:
     """(grid_h*grid_w, len(COLUMNS)) int64 labels in the merged tokens' row-major order."""
-    cover = _coverage_map(scene, grid_w, grid_h).reshape(grid_h, SUB, grid_w, SUB).transpose(0, 2, 1, 3)
-    cover = cover.reshape(grid_h * grid_w, SUB * SUB)
+    blocks = _coverage_map(scene, grid_w, grid_h).reshape(grid_h, SUB, grid_w, SUB).transpose(0, 2, 1, 3)
+    cover = blocks.reshape(grid_h * grid_w, SUB * SUB)
     labels = np.zeros((grid_h * grid_w, len(COLUMNS)), dtype=np.int64)
     for token, samples in enumerate(cover):
         values, counts = np.unique(samples[samples > 0], return_counts=True)

@@ -9,11 +9,13 @@ broadcast to all rows; gradients from every row flow back into that one pass. Th
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, Glm4vForConditionalGeneration
+from transformers.cache_utils import DynamicLayer
 
 from tinyvlm import labels
 from tinyvlm.data import IGNORE
@@ -74,6 +76,11 @@ class StepOutput:
     labels: torch.Tensor  # (B, L - prefix)
 
 
+def text_hidden_size(model: Glm4vForConditionalGeneration) -> int:
+    text_config: Any = model.config.text_config
+    return int(text_config.hidden_size)
+
+
 def shared_prefix_len(input_ids: torch.Tensor, image_token_id: int) -> int:
     """Tokens every row starts with, up to the first image token (image tokens share an id, not an
     embedding); at least one token of each row stays outside the prefix."""
@@ -114,7 +121,7 @@ def forward_logits(
     cache = DynamicCache(config=model.config)
     model(inputs_embeds=embeds[:1, :prefix], position_ids=pos[:, :1, :prefix], cache=cache, logits_to_keep=1)
     for layer in cache.layers:
-        assert layer.keys is not None and layer.values is not None
+        assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
         layer.keys = layer.keys.expand(rows, -1, -1, -1)
         layer.values = layer.values.expand(rows, -1, -1, -1)
     out = model(

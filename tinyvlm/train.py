@@ -149,7 +149,7 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None
     if init is not None:  # continue from a checkpoint (same config)
         model.load_state_dict(Glm4vForConditionalGeneration.from_pretrained(init).state_dict())
     objective.linear_patch_embed(model)
-    heads = objective.TokenHeads(model.config.text_config.hidden_size)
+    heads = objective.TokenHeads(objective.text_hidden_size(model))
     examples, plan = load_data(cfg, cache_dir)
     print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
     params = [*model.parameters(), *heads.parameters()]

@@ -42,7 +42,7 @@ def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
 
 def test_gradients_reach_the_vision_encoder_and_the_heads(processor: object) -> None:
     model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
-    heads = objective.TokenHeads(model.config.text_config.hidden_size)
+    heads = objective.TokenHeads(objective.text_hidden_size(model))
     out = objective.step(model, heads, batch_of(processor, 2), token_weight=0.5, question_weight=0.3)
     out.loss.backward()
     assert out.question_loss > 0 and out.answer_loss > 0
