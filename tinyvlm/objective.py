@@ -31,7 +31,7 @@ class TokenHeads(nn.Module):
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [2]  # + something here or not
+        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [2]  # + objectness
         self.hidden = hidden
         self.linear = nn.Linear(hidden, sum(self.sizes))
 
