@@ -35,11 +35,15 @@ class TokenHeads(nn.Module):
         self.hidden = hidden
         self.linear = nn.Linear(hidden, sum(self.sizes))
 
-    def loss(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logits(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One logits tensor per label column (in ``labels.COLUMNS`` order), then objectness."""
         # Normalised like the language model's own input norm, so the loss shapes the direction of
         # the features (what the model reads) and cannot be lowered by inflating their scale.
         normed = F.layer_norm(features, (self.hidden,))
-        *attributes, centre, something = torch.split(self.linear(normed), self.sizes, dim=-1)
+        return torch.split(self.linear(normed), self.sizes, dim=-1)
+
+    def loss(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        *attributes, centre, something = self.logits(features)
         terms = []
         for column, logits in enumerate(attributes):
             present = targets[:, column] > 0

@@ -35,7 +35,7 @@ HELD_OUT = 300  # examples kept out of training for the accuracy figures (at mos
 def image_tensor(example: data.Example) -> torch.Tensor:
     """(3, H, W) floats in [0, 1]: the cached patches put back in picture order."""
     _, h, w = example.grid_thw.tolist()
-    p, m = build.PATCH, build.MERGE  # patches come in m x m blocks, one block per image token
+    p, m = example.pixels.shape[-1], build.MERGE  # patches come in m x m blocks, one per image token
     blocks = example.pixels.reshape(h // m, w // m, m, m, 3, p, p)
     return blocks.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, h * p, w * p).float() / 255.0
 
@@ -109,7 +109,7 @@ def accuracy(
     totals = dict.fromkeys(READ_OUT, 0)
     for start in range(0, len(examples), 50):
         feats, targets = features(encoder, examples[start : start + 50])
-        logits = torch.split(heads.linear(F.layer_norm(feats, (heads.hidden,))), heads.sizes, dim=-1)
+        logits = heads.logits(feats)
         for name in READ_OUT:
             column = labels.COLUMNS.index(name)
             present = targets[:, column] > 0
