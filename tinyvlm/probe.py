@@ -29,6 +29,7 @@ from tinyvlm import build, data, labels, objective
 from tinyvlm.train import TrainConfig, lr_at
 
 READ_OUT = ("colour", "shape", "size", "cell", "glyph")  # the attribute columns of labels.COLUMNS
+CONV_WIDTH = 128  # channels of the conv net's last stages
 HELD_OUT = 300  # examples kept out of training for the accuracy figures (at most a quarter)
 
 
@@ -40,27 +41,46 @@ def image_tensor(example: data.Example) -> torch.Tensor:
     return blocks.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, h * p, w * p).float() / 255.0
 
 
+class PositionNorm(nn.Module):
+    """RMS norm over the channels at each position: what a ViT's pre-norm does to each token."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-6) * self.weight
+
+
 class ConvEncoder(nn.Module):
     """A small conv net mapping a picture to one feature vector per 28-px image token.
 
     ``patch`` > 1 puts a non-overlapping ``patch``-pixel stem first (what a ViT's patch embedding
-    is); 1 starts with 3x3 kernels on the pixels, downsampled by max-pooling."""
+    is); 1 starts with 3x3 kernels on the pixels, downsampled by max-pooling. ``norm`` "image"
+    normalises each channel over one picture (a batch-norm of one image: pictures differ in size);
+    "position" normalises each position over its channels, like a ViT's token norm."""
 
-    def __init__(self, out: int, patch: int) -> None:
+    def __init__(self, out: int, patch: int, norm: str = "image") -> None:
         super().__init__()
 
-        # Each channel normalised over one picture (a batch-norm of one image): pictures differ in size.
         def conv(c_in: int, c_out: int) -> list[nn.Module]:
-            return [nn.Conv2d(c_in, c_out, 3, 1, 1), nn.GroupNorm(c_out, c_out), nn.ReLU()]
+            normaliser = nn.GroupNorm(c_out, c_out) if norm == "image" else PositionNorm(c_out)
+            return [nn.Conv2d(c_in, c_out, 3, 1, 1), normaliser, nn.ReLU()]
 
         if patch > 1:
-            stem: list[nn.Module] = [nn.Conv2d(3, 128, patch, patch), nn.GroupNorm(128, 128), nn.ReLU()]
-            stem += conv(128, 128)
+            width = CONV_WIDTH
+            stem: list[nn.Module] = [nn.Conv2d(3, width, patch, patch), nn.GroupNorm(width, width), nn.ReLU()]
+            stem += conv(width, width)
         else:
             stem = []
-            for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, 128)):
+            for c_in, c_out in ((3, 16), (16, 32), (32, 64), (64, CONV_WIDTH)):
                 stem += [*conv(c_in, c_out), nn.MaxPool2d(2)]
-        self.net = nn.Sequential(*stem, *conv(128, 128), nn.Conv2d(128, out, 1))
+        self.stem = nn.Sequential(*stem)
+        self.head = nn.Sequential(*conv(CONV_WIDTH, CONV_WIDTH), nn.Conv2d(CONV_WIDTH, out, 1))
+
+    def patch_features(self, example: data.Example) -> torch.Tensor:
+        """The features before the last convs: (CONV_WIDTH, H/16, W/16) for the pixel net."""
+        return self.stem(image_tensor(example)[None])[0]
 
     def forward(self, batch: list[data.Example]) -> torch.Tensor:
         """(tokens of the whole batch, out), each picture's tokens row-major like the labels."""
@@ -68,7 +88,7 @@ class ConvEncoder(nn.Module):
         for example in batch:
             _, h, w = example.grid_thw.tolist()
             tokens = (h // build.MERGE, w // build.MERGE)
-            grid = F.adaptive_avg_pool2d(self.net(image_tensor(example)[None]), tokens)
+            grid = F.adaptive_avg_pool2d(self.head(self.patch_features(example)[None]), tokens)
             rows.append(grid[0].flatten(1).t())
         return torch.cat(rows)
 
@@ -89,10 +109,15 @@ class VisionTower(nn.Module):
         return out.pooler_output
 
 
+ENCODERS = ("vit", "cnn", "cnn-position-norm", "patchify")
+
+
 def make_encoder(name: str, processor: Any, width: int) -> nn.Module:
     if name == "vit":
         return VisionTower(processor)
-    return ConvEncoder(width, patch=build.PATCH if name == "patchify" else 1)
+    if name == "patchify":
+        return ConvEncoder(width, patch=build.PATCH)
+    return ConvEncoder(width, patch=1, norm="position" if name == "cnn-position-norm" else "image")
 
 
 def features(encoder: nn.Module, batch: list[data.Example]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,19 +157,24 @@ def run(
     lr: float,
     examples: list[data.Example],
     batch: int = 16,
+    extra_loss: nn.Module | None = None,
 ) -> list[dict[str, Any]]:
-    """Train the encoder and the read-out heads (in place); one report per quarter of the run."""
+    """Train the encoder and the read-out heads (in place); one report per quarter of the run.
+
+    ``extra_loss(batch, features)``, if given, is added to the label loss and trained along."""
     split = len(examples) - min(HELD_OUT, len(examples) // 4)
     train, held_out = examples[:split], examples[split:]
     encoder, heads = probe
-    params = [*encoder.parameters(), *heads.parameters()]
+    params = [*encoder.parameters(), *heads.parameters(), *(extra_loss.parameters() if extra_loss else [])]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     schedule = TrainConfig(lr=lr, steps=steps, warmup=30)  # the training recipe's warm-up and cosine
     rng, started, reports = random.Random(0), time.time(), []
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, schedule)
-        loss = heads.loss(*features(encoder, rng.sample(train, batch)))
+        rows = rng.sample(train, batch)
+        feats, targets = features(encoder, rows)
+        loss = heads.loss(feats, targets) + (extra_loss(rows, feats) if extra_loss else 0.0)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -162,7 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--encoder", choices=("vit", "cnn", "patchify"), default="vit")
+    parser.add_argument("--encoder", choices=ENCODERS, default="vit")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--examples", type=int, default=3300, help="training data (cached), incl. held out")
