@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinyvlm import build, data, labels, objective
+from tinyvlm import build, crops, data, labels, objective
 from tinyvlm.train import TrainConfig, lr_at
 
 READ_OUT = ("colour", "shape", "size", "cell", "glyph")  # the attribute columns of labels.COLUMNS
@@ -153,6 +153,11 @@ def make_probe(encoder_name: str, processor: Any) -> tuple[nn.Module, objective.
     return make_encoder(encoder_name, processor, width), objective.TokenHeads(width)
 
 
+def split_held_out(examples: list[data.Example]) -> tuple[list[data.Example], list[data.Example]]:
+    split = len(examples) - min(HELD_OUT, len(examples) // 4)
+    return examples[:split], examples[split:]
+
+
 def run(
     probe: tuple[nn.Module, objective.TokenHeads],
     steps: int,
@@ -164,8 +169,7 @@ def run(
     """Train the encoder and the read-out heads (in place); one report per quarter of the run.
 
     ``extra_loss(batch, features)``, if given, is added to the label loss and trained along."""
-    split = len(examples) - min(HELD_OUT, len(examples) // 4)
-    train, held_out = examples[:split], examples[split:]
+    train, held_out = split_held_out(examples)
     encoder, heads = probe
     trained = [encoder, heads, *([extra_loss] if extra_loss else [])]
     params = [p for module in trained for p in module.parameters() if p.requires_grad]
@@ -191,6 +195,15 @@ def run(
     return reports
 
 
+def start_with_crops(tower: VisionTower, examples: list[data.Example], steps: int, lr: float) -> None:
+    """The crop stage (``tinyvlm.crops``) on the pictures the probe trains on."""
+    train, held_out = (
+        [c for e in part for c in crops.crops(e, tower.processor)] for part in split_held_out(examples)
+    )
+    print(f"crop stage: {len(train)} crops ({len(held_out)} held out), {steps} steps", flush=True)
+    crops.pretrain(tower.visual, train, held_out, steps, lr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,11 +213,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--examples", type=int, default=3300, help="training data (cached), incl. held out")
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
+    parser.add_argument("--crop-steps", type=int, default=0, help="vit: train on single-object crops first")
+    parser.add_argument("--local-attention", action="store_true", help="vit: heads start local")
     args = parser.parse_args()
+    if args.encoder != "vit" and (args.crop_steps or args.local_attention):
+        parser.error("--crop-steps and --local-attention apply to the vision tower (--encoder vit)")
     torch.set_num_threads(2)
     processor = build.build_processor()
     examples = data.load_or_generate(args.examples, 1234, args.cache_dir)
-    run(make_probe(args.encoder, processor), args.steps, args.lr, examples)
+    encoder, heads = make_probe(args.encoder, processor)
+    if isinstance(encoder, VisionTower) and args.local_attention:
+        crops.local_attention(encoder.visual)
+    if isinstance(encoder, VisionTower) and args.crop_steps:
+        start_with_crops(encoder, examples, args.crop_steps, args.lr)
+    run((encoder, heads), args.steps, args.lr, examples)
 
 
 if __name__ == "__main__":
