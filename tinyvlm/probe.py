@@ -4,6 +4,7 @@
     python -m tinyvlm.probe --encoder cnn         # a small conv net on the same pixels and labels
     python -m tinyvlm.probe --encoder cnn-position-norm  # the conv net normalised per position
     python -m tinyvlm.probe --encoder patchify    # the same conv net behind a 14-px patch stem
+    python -m tinyvlm.probe --crop-steps 4000 --local-attention --steps 1200  # crops first
 
 Trains an encoder alone on the per-image-token labels (``tinyvlm.labels``) of the training data
 and prints, every quarter of the run, the accuracy of a linear read-out per attribute on held-out
@@ -14,7 +15,8 @@ What it showed (batch 16, 2 cores; table in ``tinyvlm/README.md``): the vision t
 colour, grid cell and size, but shape stays near chance (18 % after 400 steps, 23 % after 1,600;
 chance 14 %), while the plain conv net with 3x3 kernels reaches 74 % in 400 steps and 99 % in
 1,600 (5-7 min). Normalised per position instead of per picture, or behind a patch stem, the conv
-net stays at 23 % too.
+net stays at 23 % too. With ``--crop-steps 4000 --local-attention`` (``tinyvlm.crops``) the tower
+first trains on single-object crops and then reaches 67-78 % on shape after 1,200 steps.
 """
 
 import argparse
