@@ -58,7 +58,7 @@ def crops(example: data.Example, processor: Any) -> list[Crop]:
     out = []
     for token in (example.token_labels[:, labels.COLUMNS.index("centre")] == 1).nonzero().flatten().tolist():
         targets = example.token_labels[token, columns] - 1
-        if (targets < 0).any():  # the centre token is covered by something else (e.g. the glyph)
+        if (targets < 0).any():  # the object covers too little of its centre token, or the glyph does
             continue
         row, column = divmod(token, token_columns)
         top = min(max(row * build.MERGE - 1, 0), h - SIDE)  # the token centred, one patch around it
@@ -133,8 +133,7 @@ def pretrain(
         rows = rng.sample(train, min(batch, len(train)))
         targets = torch.stack([c.targets for c in rows])
         logits = heads.logits(visual, rows)
-        loss = sum(F.cross_entropy(part, targets[:, i]) for i, part in enumerate(logits))
-        assert isinstance(loss, torch.Tensor)
+        loss = torch.stack([F.cross_entropy(part, targets[:, i]) for i, part in enumerate(logits)]).sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
