@@ -16,12 +16,13 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 from transformers import Glm4vForConditionalGeneration
 
-from tinyvlm import build, data, objective
+from tinyvlm import build, crops, data, objective
 from tinyvlm.scene import TRAIN_SPEC, SceneSpec
 
 
@@ -69,6 +70,12 @@ class TrainConfig:
     workers: int = 2
     stop_after: int | None = None  # cut the schedule short
     curriculum: bool = True
+    # A first stage teaching the vision tower shapes on single-object crops, and attention that
+    # starts local (tinyvlm.crops; together they took the tower from 23 % to 67-78 % on shape in
+    # ``tinyvlm.probe``). Off by default: not yet measured on the whole model.
+    crop_steps: int = 0
+    crop_lr: float = 1e-3
+    local_attention: bool = False
 
 
 SMOKE = TrainConfig(examples=48, steps=6, batch=8, warmup=2, log_every=2, curriculum=False)
@@ -141,6 +148,19 @@ def _log_row(step: int, cfg: TrainConfig, out: objective.StepOutput, started: fl
     }
 
 
+CROP_REPORT = 200  # crops kept out of the crop stage to report its progress on
+
+
+def crop_stage(
+    model: Glm4vForConditionalGeneration, examples: list[data.Example], processor: Any, cfg: TrainConfig
+) -> None:
+    """Train the vision tower on crops of the training pictures' objects (``tinyvlm.crops``)."""
+    pieces = [c for e in examples for c in crops.crops(e, processor)]
+    print(f"crop stage: {len(pieces)} crops, {cfg.crop_steps} steps")
+    report, train = pieces[:CROP_REPORT], pieces[CROP_REPORT:] or pieces
+    crops.pretrain(model.model.visual, train, report, cfg.crop_steps, cfg.crop_lr)
+
+
 def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None) -> Path:
     started = time.time()
     torch.manual_seed(cfg.seed)
@@ -152,6 +172,10 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None
     heads = objective.TokenHeads(objective.text_hidden_size(model))
     examples, plan = load_data(cfg, cache_dir)
     print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
+    if cfg.local_attention:
+        crops.local_attention(model.model.visual)  # before the optimiser: it adds the q/k/v biases
+    if cfg.crop_steps:  # on the full distribution's pictures (the last phase), not the curriculum's
+        crop_stage(model, examples[-cfg.examples :], processor, cfg)
     params = [*model.parameters(), *heads.parameters()]
     optimizer = torch.optim.AdamW(
         param_groups(model, heads, cfg), betas=(0.9, 0.95), weight_decay=cfg.weight_decay
@@ -200,13 +224,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
+    parser.add_argument("--crop-steps", type=int, default=None, help="train the vision tower on crops first")
+    parser.add_argument("--local-attention", action="store_true", help="vision heads start local")
     args = parser.parse_args()
     torch.set_num_threads(2)
     out = args.out or Path("runs/vlmq-tiny-smoke" if args.smoke else "runs/vlmq-tiny")
-    names = ("steps", "stop_after", "examples", "batch", "lr", "token_weight", "question_weight", "seed")
+    names = ["steps", "stop_after", "examples", "batch", "lr", "token_weight", "question_weight", "seed"]
+    names.append("crop_steps")
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:
         overrides["curriculum"] = False
+    if args.local_attention:
+        overrides["local_attention"] = True
     cfg = replace(SMOKE if args.smoke else TrainConfig(), **overrides)
     train(cfg, out, args.cache_dir, init=args.init)
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import Glm4vForConditionalGeneration
 
 from tinyvlm import data
 from tinyvlm.tokenizer import build_tokenizer
@@ -39,3 +40,15 @@ def test_train_smoke(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert rows and rows[-1]["loss"] < rows[0]["loss"]
     assert (out / "model.safetensors").exists() and (out / "processor_config.json").exists()
+
+
+def test_train_smoke_with_a_crop_stage_saves_the_local_attention_biases(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    cmd = [sys.executable, "-m", "tinyvlm.train", "--smoke", "--out", str(out), "--cache-dir", str(tmp_path)]
+    cmd += ["--crop-steps", "2", "--local-attention"]
+    done = subprocess.run(cmd, cwd=ROOT, check=True, timeout=60, capture_output=True, text=True)
+    assert "crop stage:" in done.stdout and "crop step" in done.stdout
+    # A plain Glm4v checkpoint: its config says the vision attention has biases, and they load.
+    model = Glm4vForConditionalGeneration.from_pretrained(out)
+    bias = model.model.visual.blocks[0].attn.qkv.bias
+    assert model.config.vision_config.attention_bias and bias is not None and bias.abs().max() > 1.0
