@@ -33,27 +33,12 @@ class Crop:
     targets: torch.Tensor  # (len(TARGETS),) class ids counted from 0
 
 
-def _picture_grid(example: data.Example) -> torch.Tensor:
-    """The cached patches as an (h, w, 3, P, P) grid in picture order."""
-    _, h, w = example.grid_thw.tolist()
-    m, p = build.MERGE, example.pixels.shape[-1]
-    blocks = example.pixels.reshape(h // m, w // m, m, m, 3, p, p)
-    return blocks.permute(0, 2, 1, 3, 4, 5, 6).reshape(h, w, 3, p, p)
-
-
-def _tower_order(grid: torch.Tensor) -> torch.Tensor:
-    """(SIDE, SIDE, 3, P, P) picture-order patches -> (SIDE*SIDE, 3, P, P) in the tower's order."""
-    m, blocks = build.MERGE, SIDE // build.MERGE
-    tail = grid.shape[2:]
-    return grid.reshape(blocks, m, blocks, m, *tail).permute(0, 2, 1, 3, 4, 5, 6).reshape(-1, *tail)
-
-
 def crops(example: data.Example, processor: Any) -> list[Crop]:
     """One crop per object whose centre lies in the picture: the 2x2 tokens around its centre token."""
     _, h, w = example.grid_thw.tolist()
     if h < SIDE or w < SIDE:
         return []
-    grid, token_columns = _picture_grid(example), w // build.MERGE
+    grid, token_columns = data.picture_order(example.pixels, h, w), w // build.MERGE
     columns = [labels.COLUMNS.index(name) for name in TARGETS]
     out = []
     for token in (example.token_labels[:, labels.COLUMNS.index("centre")] == 1).nonzero().flatten().tolist():
@@ -63,7 +48,7 @@ def crops(example: data.Example, processor: Any) -> list[Crop]:
         row, column = divmod(token, token_columns)
         top = min(max(row * build.MERGE - 1, 0), h - SIDE)  # the token centred, one patch around it
         left = min(max(column * build.MERGE - 1, 0), w - SIDE)
-        patches = _tower_order(grid[top : top + SIDE, left : left + SIDE])
+        patches = data.tower_order(grid[top : top + SIDE, left : left + SIDE])
         out.append(Crop(data.pixels_to_values(patches, processor), targets))
     return out
 

@@ -107,6 +107,21 @@ def pixels_to_values(pixels: torch.Tensor, processor: Any) -> torch.Tensor:
     return x.reshape(pixels.shape[0], -1)
 
 
+def picture_order(rows: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(h*w, ...) rows in the tower's patch order (merge x merge blocks, one per image token, blocks
+    row-major) -> an (h, w, ...) grid in picture order."""
+    m, tail = build.MERGE, rows.shape[1:]
+    blocks = rows.reshape(height // m, width // m, m, m, *tail)
+    return blocks.transpose(1, 2).reshape(height, width, *tail)
+
+
+def tower_order(grid: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``picture_order``: an (h, w, ...) grid -> (h*w, ...) rows in the tower's order."""
+    m, (height, width), tail = build.MERGE, grid.shape[:2], grid.shape[2:]
+    blocks = grid.reshape(height // m, m, width // m, m, *tail)
+    return blocks.transpose(1, 2).reshape(height * width, *tail)
+
+
 def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> Example:
     text = processor.apply_chat_template(messages(turns), tokenize=False)
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")

@@ -22,11 +22,10 @@ from tinyvlm import build, data, probe
 
 
 def tower_order(feature_map: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """(C, h', w') map -> (h*w, C) rows in the tower's patch order (merge x merge blocks, row-major)."""
+    """(C, h', w') map -> (h*w, C) rows in the tower's patch order, pooled to its patch grid."""
     _, h, w = grid_thw.tolist()
-    m, channels = build.MERGE, feature_map.shape[0]
     grid = F.adaptive_avg_pool2d(feature_map[None], (h, w))[0]
-    return grid.reshape(channels, h // m, m, w // m, m).permute(1, 3, 2, 4, 0).reshape(h * w, channels)
+    return data.tower_order(grid.permute(1, 2, 0))
 
 
 def normed_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

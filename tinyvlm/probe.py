@@ -40,9 +40,9 @@ HELD_OUT = 300  # examples kept out of training for the accuracy figures (at mos
 def image_tensor(example: data.Example) -> torch.Tensor:
     """(3, H, W) floats in [0, 1]: the cached patches put back in picture order."""
     _, h, w = example.grid_thw.tolist()
-    p, m = example.pixels.shape[-1], build.MERGE  # patches come in m x m blocks, one per image token
-    blocks = example.pixels.reshape(h // m, w // m, m, m, 3, p, p)
-    return blocks.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, h * p, w * p).float() / 255.0
+    grid = data.picture_order(example.pixels, h, w)  # (h, w, 3, p, p)
+    p = example.pixels.shape[-1]
+    return grid.permute(2, 0, 3, 1, 4).reshape(3, h * p, w * p).float() / 255.0
 
 
 class PositionNorm(nn.Module):
