@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinyvlm import build, data, labels
-from tinyvlm.train import TrainConfig, lr_at
+from tinyvlm.schedule import fit
 
 SIDE = 2 * build.MERGE  # crop side in patches: 2x2 image tokens, 56 px
 TARGETS = ("shape", "colour", "size")  # label columns a crop is trained on
@@ -108,22 +108,16 @@ def pretrain(
 ) -> None:
     """Train the tower (in place) on crops, printing held-out crop accuracy each quarter."""
     heads = CropHeads(int(visual.config.out_hidden_size))
-    params = [*visual.parameters(), *heads.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = TrainConfig(lr=lr, steps=steps, warmup=30)
     rng, started = random.Random(0), time.time()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, schedule)
+
+    def step_loss() -> torch.Tensor:
         rows = rng.sample(train, min(batch, len(train)))
         targets = torch.stack([c.targets for c in rows])
         logits = heads.logits(visual, rows)
-        loss = torch.stack([F.cross_entropy(part, targets[:, i]) for i, part in enumerate(logits)]).sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if (step + 1) % max(1, steps // 4) == 0:
-            report = {"crop step": step + 1, "loss": round(loss.item(), 3)}
-            report |= {**accuracy(visual, heads, held_out), "seconds": round(time.time() - started)}
-            print(report, flush=True)
+        return torch.stack([F.cross_entropy(part, targets[:, i]) for i, part in enumerate(logits)]).sum()
+
+    def report(step: int, loss: float) -> None:
+        row = {"crop step": step, "loss": round(loss, 3), **accuracy(visual, heads, held_out)}
+        print({**row, "seconds": round(time.time() - started)}, flush=True)
+
+    fit([*visual.parameters(), *heads.parameters()], steps, lr, step_loss, report)

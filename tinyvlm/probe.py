@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinyvlm import build, crops, data, labels, objective
-from tinyvlm.train import TrainConfig, lr_at
+from tinyvlm.schedule import fit
 
 READ_OUT = ("colour", "shape", "size", "cell", "glyph")  # the attribute columns of labels.COLUMNS
 CONV_WIDTH = 128  # channels of the conv net's last stages
@@ -175,25 +175,21 @@ def run(
     encoder, heads = probe
     trained = [encoder, heads, *([extra_loss] if extra_loss else [])]
     params = [p for module in trained for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = TrainConfig(lr=lr, steps=steps, warmup=30)  # the training recipe's warm-up and cosine
     rng, started, reports = random.Random(0), time.time(), []
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, schedule)
+
+    def step_loss() -> torch.Tensor:
         rows = rng.sample(train, batch)
         feats, targets = features(encoder, rows)
-        loss = heads.loss(feats, targets) + (extra_loss(rows, feats) if extra_loss else 0.0)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if (step + 1) % max(1, steps // 4) == 0 or step == steps - 1:
-            encoder.eval()
-            report = {"step": step + 1, "loss": round(loss.item(), 3), **accuracy(encoder, heads, held_out)}
-            encoder.train()
-            reports.append({**report, "seconds": round(time.time() - started)})
-            print(reports[-1], flush=True)
+        return heads.loss(feats, targets) + (extra_loss(rows, feats) if extra_loss else 0.0)
+
+    def report(step: int, loss: float) -> None:
+        encoder.eval()
+        reports.append({"step": step, "loss": round(loss, 3), **accuracy(encoder, heads, held_out)})
+        encoder.train()
+        reports[-1]["seconds"] = round(time.time() - started)
+        print(reports[-1], flush=True)
+
+    fit(params, steps, lr, step_loss, report)
     return reports
 
 

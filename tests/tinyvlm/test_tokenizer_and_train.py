@@ -54,3 +54,8 @@ def test_train_smoke_with_a_crop_stage_saves_the_local_attention_biases(tmp_path
     config = json.loads((out / "config.json").read_text())
     assert config["vision_config"]["attention_bias"] is True
     assert bias is not None and bias.abs().max() > 1.0
+
+
+def test_train_module_imports_on_its_own() -> None:
+    # train runs the crop stage and the crop stage shares train's schedule: no import cycle.
+    subprocess.run([sys.executable, "-c", "import tinyvlm.train"], cwd=ROOT, check=True, timeout=60)
