@@ -22,6 +22,7 @@ TOKEN = PATCH * MERGE
 MAX_PIXELS = 2 * (8 * TOKEN) ** 2
 # Small images are upscaled to >= 49 tokens so objects keep a similar size in patches.
 MIN_PIXELS = 2 * (7 * TOKEN) ** 2
+TEXT_HIDDEN = 256  # the language model's width, and so the vision tower's output width
 
 
 def build_image_processor() -> Glm4vImageProcessorPil:
@@ -48,7 +49,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
         assert isinstance(value, int)
         return value
 
-    hidden = 256
+    hidden = TEXT_HIDDEN
     # A dict, not keywords: eos/pad ids are generic config kwargs the typed signature omits.
     options: dict[str, Any] = dict(
         text_config=dict(

@@ -153,14 +153,20 @@ def _init_worker() -> None:
     _WORKER_PROCESSOR = build.build_processor()
 
 
-def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
-    seed, index, spec = args
+def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -> tuple[Scene, list[Turn]]:
+    """The scene and turns of training example ``index`` of the set drawn with ``seed``."""
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
     turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
+    return scene, turns
+
+
+def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
+    seed, index, spec = args
+    scene, turns = training_conversation(seed, index, spec)
     example = make_example(_WORKER_PROCESSOR, scene, turns, seed=index)
     # numpy, not tensors, across processes: torch shares tensors by file descriptor and runs out.
     return {k: v.numpy() for k, v in example.__dict__.items()}

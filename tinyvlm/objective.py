@@ -148,8 +148,10 @@ def step(
     batch: dict[str, torch.Tensor],
     token_weight: float,
     question_weight: float = 0.0,
+    features: torch.Tensor | None = None,
 ) -> StepOutput:
-    features = image_features(model, batch)
+    """One step's losses; ``features`` stand in for the vision tower's (``tinyvlm.oracle``)."""
+    features = image_features(model, batch) if features is None else features
     logits, prefix = forward_logits(model, batch, features)
     gold = batch["labels"][:, prefix:]
     answer_loss = _next_token_loss(logits, gold)

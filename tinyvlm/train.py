@@ -153,7 +153,15 @@ def crop_stage(
     crops.pretrain(model.model.visual, train, report, cfg.crop_steps, cfg.crop_lr)
 
 
-def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None) -> Path:
+def train(
+    cfg: TrainConfig,
+    out: Path,
+    cache_dir: Path,
+    init: Path | None = None,
+    oracle: torch.nn.Module | None = None,
+) -> Path:
+    """Train and save vlmq-tiny. ``oracle`` (``tinyvlm.oracle``) maps the image-token labels to the
+    features the language model reads, in place of the vision tower, and trains with it."""
     started = time.time()
     torch.manual_seed(cfg.seed)
     processor = build.build_processor()
@@ -162,6 +170,8 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None
         model.load_state_dict(Glm4vForConditionalGeneration.from_pretrained(init).state_dict())
     objective.linear_patch_embed(model)
     heads = objective.TokenHeads(objective.text_hidden_size(model))
+    if oracle is not None:
+        heads.add_module("oracle", oracle)  # its weights train with the language model's
     examples, plan = load_data(cfg, cache_dir)
     print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
     if cfg.local_attention:
@@ -181,7 +191,8 @@ def train(cfg: TrainConfig, out: Path, cache_dir: Path, init: Path | None = None
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg.lr, cfg.steps, cfg.warmup) * group["scale"]
             batch = data.collate([examples[i] for i in idx], processor, pad_id)
-            output = objective.step(model, heads, batch, cfg.token_weight, cfg.question_weight)
+            features = None if oracle is None else oracle(batch["token_labels"])
+            output = objective.step(model, heads, batch, cfg.token_weight, cfg.question_weight, features)
             output.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
