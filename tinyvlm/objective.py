@@ -137,9 +137,16 @@ def forward_logits(
     return out.logits, prefix
 
 
-def _next_token_loss(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+def _next_token_loss(
+    logits: torch.Tensor, gold: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions, or its ``weights``-weighted mean."""
     flat = logits[:, :-1].reshape(-1, logits.shape[-1])
-    return F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE)
+    if weights is None:
+        return F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE)
+    losses = F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="none")
+    w = weights[:, 1:].reshape(-1)
+    return (losses * w).sum() / w.sum().clamp(min=1e-6)
 
 
 def step(
@@ -154,7 +161,8 @@ def step(
     features = image_features(model, batch) if features is None else features
     logits, prefix = forward_logits(model, batch, features)
     gold = batch["labels"][:, prefix:]
-    answer_loss = _next_token_loss(logits, gold)
+    weights = batch.get("answer_weights")  # tinyvlm.type_blocks
+    answer_loss = _next_token_loss(logits, gold, None if weights is None else weights[:, prefix:])
     question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
     token_loss = heads.loss(features, batch["token_labels"])
     loss = answer_loss + question_weight * question_loss + token_weight * token_loss
