@@ -73,6 +73,19 @@ def assistant_labels(ids: torch.Tensor, assistant_id: int, eos_id: int) -> torch
     return labels
 
 
+def answer_spans(labels: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of every run of labelled positions (one per answer, EOS included), in order."""
+    spans: list[tuple[int, int]] = []
+    for position, label in enumerate(labels.tolist()):
+        if label == IGNORE:
+            continue
+        if spans and spans[-1][1] == position:
+            spans[-1] = (spans[-1][0], position + 1)
+        else:
+            spans.append((position, position + 1))
+    return spans
+
+
 def question_labels(ids: torch.Tensor, user_id: int, assistant_id: int, image_ids: set[int]) -> torch.Tensor:
     """Labels on the words of every user turn (not the image): a language-model loss there teaches
     the question syntax, and the words that name objects ("the red circle") depend on the picture."""

@@ -41,17 +41,7 @@ class LabelFeatures(nn.Module):
 def answers_right(predicted: torch.Tensor, gold: torch.Tensor) -> list[bool]:
     """Per answer of one row, in order: every token of it (EOS included) predicted right.
     ``gold`` is IGNORE outside answers; ``predicted[i]`` is the prediction for ``gold[i]``."""
-    out: list[bool] = []
-    inside = False
-    for pred, want in zip(predicted.tolist(), gold.tolist(), strict=True):
-        if want == data.IGNORE:
-            inside = False
-            continue
-        if not inside:
-            out.append(True)
-            inside = True
-        out[-1] = out[-1] and pred == want
-    return out
+    return [bool((predicted[a:b] == gold[a:b]).all()) for a, b in data.answer_spans(gold)]
 
 
 def evaluate(

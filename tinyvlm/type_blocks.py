@@ -68,14 +68,8 @@ def answer_weights(
     """(L,) weights over one conversation's label positions: 1 on the answers of a ``focus`` type,
     ``off`` on other answers, 0 outside answers. ``types`` names each answer's type in order."""
     weights = torch.zeros(labels.shape, dtype=torch.float32)
-    answer, inside = -1, False
-    for position, label in enumerate(labels.tolist()):
-        if label == data.IGNORE:
-            inside = False
-            continue
-        if not inside:
-            answer, inside = answer + 1, True
-        weights[position] = 1.0 if types[answer] in focus else off
+    for (start, end), qtype in zip(data.answer_spans(labels), types, strict=True):
+        weights[start:end] = 1.0 if qtype in focus else off
     return weights
 
 
