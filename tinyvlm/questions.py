@@ -21,12 +21,26 @@ NEIGHBOURS = {"left of": (-1, 0), "right of": (1, 0), "above": (0, -1), "below":
 
 
 @dataclass(frozen=True)
+class Mention:
+    """A referring expression in a question ("the red circle") and the object it names."""
+
+    text: str
+    obj: Obj
+
+
+@dataclass(frozen=True)
 class Turn:
     question: str
     answer: str
     qtype: str  # shape, colour, size, position, count, relative, text
     follow_up: bool
     held_out_phrasing: bool
+    # What the question refers to, for training only (tinyvlm.referents): every plain reference in
+    # it (anchors of relative references included), the object the answer is about, and the object
+    # a left/right/above/below question compares it with.
+    mentions: tuple[Mention, ...] = ()
+    about: Obj | None = None
+    other: Obj | None = None
 
 
 def _attribute(obj: Obj, attr: str) -> str:
@@ -46,7 +60,7 @@ def _plain_refs(obj: Obj, scene: Scene) -> dict[str, str]:
     return refs
 
 
-def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> str | None:
+def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Mention] | None:
     """'the shape left of the red circle': the anchor sits in the adjacent cell."""
     options = []
     for word, (dc, dr) in NEIGHBOURS.items():
@@ -54,16 +68,19 @@ def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> str | None:
         for anchor in scene.objects:
             plain = _plain_refs(anchor, scene)
             if anchor.cell == anchor_cell and plain:
-                options.append(f"the shape {word} {rng.choice(sorted(plain.values()))}")
+                anchor_text = rng.choice(sorted(plain.values()))
+                options.append((f"the shape {word} {anchor_text}", Mention(anchor_text, anchor)))
     return rng.choice(options) if options else None
 
 
-def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, str]:
-    refs = _plain_refs(obj, scene)
-    refs["position"] = f"the shape {templates.CELL_PHRASES[vocab.CELL_NAMES[obj.cell]]}"
+def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:
+    """Reference kind -> (text, the plain references inside it, the object itself included)."""
+    refs = {kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene).items()}
+    position = f"the shape {templates.CELL_PHRASES[vocab.CELL_NAMES[obj.cell]]}"
+    refs["position"] = (position, (Mention(position, obj),))
     relative = _relative_ref(obj, scene, rng)
     if relative is not None:
-        refs["relative"] = relative
+        refs["relative"] = (relative[0], (relative[1],))
     return refs
 
 
@@ -77,15 +94,15 @@ def ask_attribute(obj: Obj, attr: str, scene: Scene, rng: random.Random, held_ou
     refs = {k: v for k, v in references(obj, scene, rng).items() if k not in LEAKS[attr]}
     if not refs:
         return None
-    ref = refs[rng.choice(sorted(refs))]
+    ref, mentions = refs[rng.choice(sorted(refs))]
     phrasing, unseen = _pick(attr, rng, held_out)
     question = phrasing.format(ref=ref)
-    return Turn(question[0].upper() + question[1:], _attribute(obj, attr), attr, False, unseen)
+    return Turn(question[0].upper() + question[1:], _attribute(obj, attr), attr, False, unseen, mentions, obj)
 
 
 def ask_follow_up(obj: Obj, attr: str, rng: random.Random, held_out: bool) -> Turn:
     phrasing, unseen = _pick(attr, rng, held_out, follow_up=True)
-    return Turn(phrasing, _attribute(obj, attr), attr, True, unseen)
+    return Turn(phrasing, _attribute(obj, attr), attr, True, unseen, about=obj)
 
 
 def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
@@ -119,7 +136,9 @@ def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | Non
     phrasing, unseen = _pick(kind, rng, held_out)
     ref, other = a_refs[rng.choice(sorted(a_refs))], b_refs[rng.choice(sorted(b_refs))]
     question = phrasing.format(ref=ref, other=other)
-    return Turn(question[0].upper() + question[1:], answer, "relative", False, unseen)
+    mentions = (Mention(ref, a), Mention(other, b))
+    question = question[0].upper() + question[1:]
+    return Turn(question, answer, "relative", False, unseen, mentions, about=a, other=b)
 
 
 def ask_text(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
