@@ -22,7 +22,11 @@ TOKEN = PATCH * MERGE
 MAX_PIXELS = 2 * (8 * TOKEN) ** 2
 # Small images are upscaled to >= 49 tokens so objects keep a similar size in patches.
 MIN_PIXELS = 2 * (7 * TOKEN) ** 2
-TEXT_HIDDEN = 256  # the language model's width, and so the vision tower's output width
+# The language model's width, and so the vision tower's output width. 128, not 256: with the
+# referent loss the lookups form in about as many steps, and each step costs 2.5x less.
+TEXT_HIDDEN = 128
+TEXT_HEADS = 4
+TEXT_LAYERS = 4  # 6 learnt slower: 66 % against 73 % after 1,000 steps with perfect image features
 
 
 def build_image_processor() -> Glm4vImageProcessorPil:
@@ -43,6 +47,13 @@ def build_processor(tokenizer: PreTrainedTokenizerFast | None = None) -> VlmqGlm
     )
 
 
+def mrope_section(head_dim: int) -> list[int]:
+    """Time, height and width shares of the rotary pairs of half a head (head_dim 32: [2, 3, 3])."""
+    pairs = head_dim // 4
+    time = pairs // 4
+    return [time, (pairs - time) // 2, (pairs - time) // 2]
+
+
 def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
     def ids(token: str) -> int:
         value = tokenizer.convert_tokens_to_ids(token)
@@ -55,14 +66,18 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
         text_config=dict(
             vocab_size=len(tokenizer),
             hidden_size=hidden,
-            intermediate_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=4,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=TEXT_LAYERS,
+            num_attention_heads=TEXT_HEADS,
             num_key_value_heads=2,
             max_position_embeddings=2048,
-            # head_dim 64, half of it rotary: the three M-RoPE sections sum to 16.
+            # Half of each head is rotary; the three M-RoPE sections (time, height, width) share
+            # its frequency pairs.
             rope_parameters=dict(
-                rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[4, 6, 6]
+                rope_type="default",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.5,
+                mrope_section=mrope_section(hidden // TEXT_HEADS),
             ),
             pad_token_id=tokenizer.pad_token_id,
         ),
@@ -70,7 +85,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
             depth=4,
             hidden_size=128,
             num_heads=4,
-            intermediate_size=384,
+            intermediate_size=512,
             patch_size=PATCH,
             out_hidden_size=hidden,
             image_size=8 * TOKEN,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyvlm import build, labels, questions, render
+from tinyvlm import build, labels, questions, referents, render
 from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 4  # bump when an example's content changes
+CACHE_VERSION = 5  # bump when an example's content changes
 
 
 @dataclass
@@ -39,6 +39,8 @@ class Example:
     pixels: torch.Tensor  # (patches, 3, P, P) uint8
     grid_thw: torch.Tensor  # (3,) int64
     token_labels: torch.Tensor  # (image tokens, len(labels.COLUMNS)) int64, see tinyvlm.labels
+    ref_positions: torch.Tensor  # (K,) int64 token positions with a referent row, see tinyvlm.referents
+    ref_rows: torch.Tensor  # (K, len(referents.COLUMNS)) int64
 
 
 def messages(turns: list[Turn], with_answers: bool = True) -> list[dict[str, Any]]:
@@ -135,6 +137,19 @@ def tower_order(grid: torch.Tensor) -> torch.Tensor:
     return blocks.transpose(1, 2).reshape(height * width, *tail)
 
 
+def referent_targets(
+    processor: Any, text: str, image_tokens: int, ids: torch.Tensor, turns: list[Turn]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Referent positions and rows (``tinyvlm.referents``) in the processor's token ``ids``."""
+    expanded = text.replace(tk.IMAGE, tk.IMAGE * image_tokens, 1)
+    enc = processor.tokenizer(expanded, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == ids.tolist(), "the tokenizer alone must reproduce the processor's ids"
+    positions, rows = referents.targets(expanded, enc["offset_mapping"], turns)
+    return torch.tensor(positions, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64).reshape(
+        -1, len(referents.COLUMNS)
+    )
+
+
 def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> Example:
     text = processor.apply_chat_template(messages(turns), tokenize=False)
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
@@ -146,6 +161,8 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
     user_labels = question_labels(ids, tok.convert_tokens_to_ids("<|user|>"), assistant_id, image_ids)
     grid = enc["image_grid_thw"][0]
     merge = processor.image_processor.merge_size
+    grid_h, grid_w = int(grid[1]) // merge, int(grid[2]) // merge
+    ref_positions, ref_rows = referent_targets(processor, text, grid_h * grid_w, ids, turns)
     return Example(
         ids,
         answer_labels,
@@ -153,7 +170,9 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
         enc["mm_token_type_ids"][0],
         _to_uint8_pixels(enc["pixel_values"], processor),
         grid,
-        labels.token_labels(scene, int(grid[1]) // merge, int(grid[2]) // merge),
+        labels.token_labels(scene, grid_h, grid_w),
+        ref_positions,
+        ref_rows,
     )
 
 
@@ -171,6 +190,9 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
     turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
+    text = questions.ask_text(scene, rng, held_out=False)
+    if text is not None and all(t.qtype != "text" for t in turns):
+        turns = [text, *turns]  # the glyph is on a third of the pictures: always ask it in training
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
@@ -212,6 +234,8 @@ _FIELDS = (
     "pixels",
     "grid_thw",
     "token_labels",
+    "ref_positions",
+    "ref_rows",
 )
 
 
@@ -245,6 +269,10 @@ def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torc
         "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
         "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
         "token_labels": torch.cat([e.token_labels for e in batch]),
+        # One entry per referent row of the batch: its row in the batch, its position, its labels.
+        "ref_batch_rows": torch.cat([torch.full_like(e.ref_positions, i) for i, e in enumerate(batch)]),
+        "ref_positions": torch.cat([e.ref_positions for e in batch]),
+        "ref_rows": torch.cat([e.ref_rows for e in batch]),
     }
 
 

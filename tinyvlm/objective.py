@@ -17,7 +17,7 @@ from torch import nn
 from transformers import DynamicCache, Glm4vForConditionalGeneration
 from transformers.cache_utils import DynamicLayer
 
-from tinyvlm import labels
+from tinyvlm import labels, referents
 from tinyvlm.data import IGNORE
 
 
@@ -25,13 +25,14 @@ class TokenHeads(nn.Module):
     """Linear probes from the image tokens the language model reads to the per-token labels.
 
     Most tokens show background, so the attribute columns are scored only where there is
-    something to name; background vs object, and object centres, are scored on every token.
-    (Scored on every token, "nothing" swamped the rest: a probe of the grid cell stayed at 8 %
-    after 200 steps against 97 % scored this way.)"""
+    something to name; what a token shows (nothing, an object, the glyph), and object centres, are
+    scored on every token. (Scored on every token, "nothing" swamped the rest: a probe of the grid
+    cell stayed at 8 % after 200 steps against 97 % scored this way. Without "the glyph" as a kind
+    of its own, glyph tokens had no direction in common for the language model to look for.)"""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [2]  # + objectness
+        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [3]  # + what the token shows
         self.hidden = hidden
         self.linear = nn.Linear(hidden, sum(self.sizes))
 
@@ -43,17 +44,16 @@ class TokenHeads(nn.Module):
         return torch.split(self.linear(normed), self.sizes, dim=-1)
 
     def loss(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        *attributes, centre, something = self.logits(features)
+        *attributes, centre, shows = self.logits(features)
         terms = []
         for column, logits in enumerate(attributes):
             present = targets[:, column] > 0
             if present.any():
                 terms.append(F.cross_entropy(logits[present], targets[present, column]))
-        shown = (targets[:, labels.COLUMNS.index("colour")] > 0) | (
-            targets[:, labels.COLUMNS.index("glyph")] > 0
-        )
+        is_object = (targets[:, labels.COLUMNS.index("colour")] > 0).long()
+        kind = torch.where(targets[:, labels.COLUMNS.index("glyph")] > 0, 2, is_object)
         terms.append(F.cross_entropy(centre, targets[:, labels.COLUMNS.index("centre")]))
-        terms.append(F.cross_entropy(something, shown.long()))
+        terms.append(F.cross_entropy(shows, kind))
         return torch.stack(terms).mean()
 
 
@@ -76,6 +76,7 @@ class StepOutput:
     answer_loss: torch.Tensor
     question_loss: torch.Tensor
     token_loss: torch.Tensor
+    referent_loss: torch.Tensor
     logits: torch.Tensor  # (B, L - prefix, V): the rows after the shared prefix
     labels: torch.Tensor  # (B, L - prefix)
 
@@ -112,9 +113,13 @@ def positions(model: Glm4vForConditionalGeneration, batch: dict[str, torch.Tenso
 
 
 def forward_logits(
-    model: Glm4vForConditionalGeneration, batch: dict[str, torch.Tensor], features: torch.Tensor
-) -> tuple[torch.Tensor, int]:
-    """Logits for every row position after the shared prefix, and the prefix length."""
+    model: Glm4vForConditionalGeneration,
+    batch: dict[str, torch.Tensor],
+    features: torch.Tensor,
+    hidden_layer: int | None = None,
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """Logits for every row position after the shared prefix, the prefix length, and (if
+    ``hidden_layer``) the hidden states after that many text layers, for the same positions."""
     ids = batch["input_ids"]
     rows = ids.shape[0]
     prefix = shared_prefix_len(ids, model.config.image_token_id)
@@ -133,8 +138,10 @@ def forward_logits(
         position_ids=pos[:, :, prefix:],
         attention_mask=batch["attention_mask"],
         cache=cache,
+        output_hidden_states=hidden_layer is not None,
     )
-    return out.logits, prefix
+    hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
+    return out.logits, prefix, hidden
 
 
 def _next_token_loss(
@@ -149,21 +156,45 @@ def _next_token_loss(
     return (losses * w).sum() / w.sum().clamp(min=1e-6)
 
 
+@dataclass(frozen=True)
+class Weights:
+    """How much each auxiliary loss adds to the answer loss."""
+
+    token: float = 0.5  # the dense image-token labels (TokenHeads)
+    question: float = 0.0  # next-token loss on the user's words
+    referent: float = 0.0  # what each reference names (tinyvlm.referents), read after `referent_layer`
+    referent_layer: int = 2
+
+
 def step(
     model: Glm4vForConditionalGeneration,
     heads: TokenHeads,
     batch: dict[str, torch.Tensor],
-    token_weight: float,
-    question_weight: float = 0.0,
+    weights: Weights,
     features: torch.Tensor | None = None,
 ) -> StepOutput:
-    """One step's losses; ``features`` stand in for the vision tower's (``tinyvlm.oracle``)."""
+    """One step's losses; ``features`` stand in for the vision tower's (``tinyvlm.oracle``).
+    ``heads.referents`` (a ``referents.ReferentHead``) is needed when ``weights.referent`` > 0."""
     features = image_features(model, batch) if features is None else features
-    logits, prefix = forward_logits(model, batch, features)
+    layer = weights.referent_layer if weights.referent else None
+    logits, prefix, hidden = forward_logits(model, batch, features, layer)
     gold = batch["labels"][:, prefix:]
-    weights = batch.get("answer_weights")  # tinyvlm.type_blocks
-    answer_loss = _next_token_loss(logits, gold, None if weights is None else weights[:, prefix:])
+    answer_weights = batch.get("answer_weights")  # tinyvlm.type_blocks
+    answer_loss = _next_token_loss(
+        logits, gold, None if answer_weights is None else answer_weights[:, prefix:]
+    )
     question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
     token_loss = heads.loss(features, batch["token_labels"])
-    loss = answer_loss + question_weight * question_loss + token_weight * token_loss
-    return StepOutput(loss, answer_loss, question_loss, token_loss, logits, gold)
+    referent_loss = torch.zeros(())
+    if hidden is not None:
+        at = hidden[batch["ref_batch_rows"], batch["ref_positions"] - prefix]
+        head = heads.get_submodule("referents")
+        assert isinstance(head, referents.ReferentHead)
+        referent_loss = head.loss(at, batch["ref_rows"])
+    loss = (
+        answer_loss
+        + weights.question * question_loss
+        + weights.token * token_loss
+        + weights.referent * referent_loss
+    )
+    return StepOutput(loss, answer_loss, question_loss, token_loss, referent_loss, logits, gold)

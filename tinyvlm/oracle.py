@@ -58,7 +58,7 @@ def evaluate(
     with torch.no_grad():
         for start in range(0, len(examples), BATCH):
             batch = data.collate(examples[start : start + BATCH], processor, processor.tokenizer.pad_token_id)
-            logits, prefix = objective.forward_logits(model, batch, oracle(batch["token_labels"]))
+            logits, prefix, _ = objective.forward_logits(model, batch, oracle(batch["token_labels"]))
             predicted, gold = logits[:, :-1].argmax(-1), batch["labels"][:, prefix + 1 :]
             for row, types in enumerate(question_types[start : start + BATCH]):
                 marks = answers_right(predicted[row], gold[row])

@@ -36,11 +36,9 @@ class Turn:
     follow_up: bool
     held_out_phrasing: bool
     # What the question refers to, for training only (tinyvlm.referents): every plain reference in
-    # it (anchors of relative references included), the object the answer is about, and the object
-    # a left/right/above/below question compares it with.
+    # it (anchors of relative references included) and the object the answer is about.
     mentions: tuple[Mention, ...] = ()
     about: Obj | None = None
-    other: Obj | None = None
 
 
 def _attribute(obj: Obj, attr: str) -> str:
@@ -75,7 +73,9 @@ def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Ment
 
 def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:
     """Reference kind -> (text, the plain references inside it, the object itself included)."""
-    refs = {kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene).items()}
+    refs: dict[str, tuple[str, tuple[Mention, ...]]] = {
+        kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene).items()
+    }
     position = f"the shape {templates.CELL_PHRASES[vocab.CELL_NAMES[obj.cell]]}"
     refs["position"] = (position, (Mention(position, obj),))
     relative = _relative_ref(obj, scene, rng)
@@ -138,7 +138,7 @@ def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | Non
     question = phrasing.format(ref=ref, other=other)
     mentions = (Mention(ref, a), Mention(other, b))
     question = question[0].upper() + question[1:]
-    return Turn(question, answer, "relative", False, unseen, mentions, about=a, other=b)
+    return Turn(question, answer, "relative", False, unseen, mentions, about=a)
 
 
 def ask_text(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:

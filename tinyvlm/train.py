@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import Glm4vForConditionalGeneration
 
-from tinyvlm import build, crops, data, objective, type_blocks
+from tinyvlm import build, crops, data, objective, referents, type_blocks
 from tinyvlm.scene import TRAIN_SPEC, SceneSpec
 from tinyvlm.schedule import lr_at
 
@@ -61,6 +61,12 @@ class TrainConfig:
     weight_decay: float = 0.01
     token_weight: float = 0.5  # weight of the dense image-token loss (tinyvlm.labels)
     question_weight: float = 0.3  # weight of the language-model loss on the user's words
+    # What each reference names, read after `referent_layer` text layers (tinyvlm.referents), and
+    # first-layer heads that start as a window over the last `recency_window` tokens (0: off).
+    referent_weight: float = 4.0
+    referent_layer: int = 2
+    recency_window: float = 8.0
+    recency_heads: tuple[int, ...] = (0, 1)
     # The vision tower's learning rate relative to the rest: at 1e-3 its features collapse (a
     # linear probe of colour drops to chance), at ~3e-4 they keep learning.
     vision_lr_scale: float = 0.3
@@ -137,6 +143,7 @@ def _log_row(step: int, cfg: TrainConfig, out: objective.StepOutput, started: fl
         "answer_loss": round(out.answer_loss.item(), 4),
         "question_loss": round(out.question_loss.item(), 4),
         "token_loss": round(out.token_loss.item(), 4),
+        "referent_loss": round(out.referent_loss.item(), 4),
         "answer_token_acc": round(answer_accuracy(out.logits.detach(), out.labels), 4),
         "lr": lr_at(step, cfg.lr, cfg.steps, cfg.warmup),
         "elapsed_s": round(time.time() - started, 1),
@@ -172,7 +179,11 @@ def train(
     if init is not None:  # continue from a checkpoint (same config)
         model.load_state_dict(Glm4vForConditionalGeneration.from_pretrained(init).state_dict())
     objective.linear_patch_embed(model)
+    if cfg.recency_window and init is None:  # an init of the weights, not of a checkpoint
+        referents.recency_heads(model, cfg.recency_heads, cfg.recency_window)
     heads = objective.TokenHeads(objective.text_hidden_size(model))
+    if cfg.referent_weight:
+        heads.add_module("referents", referents.ReferentHead(objective.text_hidden_size(model)))
     if oracle is not None:
         heads.add_module("oracle", oracle)  # its weights train with the language model's
     examples, plan = load_data(cfg, cache_dir)
@@ -190,6 +201,9 @@ def train(
         param_groups(model, heads, cfg), betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     pad_id = processor.tokenizer.pad_token_id
+    weights = objective.Weights(
+        cfg.token_weight, cfg.question_weight, cfg.referent_weight, cfg.referent_layer
+    )
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     with (out / "train_log.jsonl").open("w") as log:
@@ -204,7 +218,7 @@ def train(
                 row_types = [types[i - first] for i in idx]
                 batch["answer_weights"] = type_blocks.batch_weights(rows, row_types, block.types, length)
             features = None if oracle is None else oracle(batch["token_labels"])
-            output = objective.step(model, heads, batch, cfg.token_weight, cfg.question_weight, features)
+            output = objective.step(model, heads, batch, weights, features)
             output.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()

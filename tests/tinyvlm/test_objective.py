@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from tinyvlm import build, data, labels, objective, questions, vocab
+from tinyvlm import build, data, labels, objective, questions, referents, vocab
 from tinyvlm.scene import Glyph, Obj, Scene, sample_scene
 
 
@@ -30,10 +30,10 @@ def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
     torch.manual_seed(0)
     model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
     batch = batch_of(processor, 3)
-    model_inputs = {k: v for k, v in batch.items() if k != "token_labels"}
+    model_inputs = {k: v for k, v in batch.items() if k != "token_labels" and not k.startswith("ref_")}
     with torch.no_grad():
         full = model(**model_inputs).logits
-        shared, prefix = objective.forward_logits(model, batch, objective.image_features(model, batch))
+        shared, prefix, _ = objective.forward_logits(model, batch, objective.image_features(model, batch))
     first_image = int((batch["input_ids"][0] == model.config.image_token_id).nonzero()[0])
     assert 100 <= prefix <= first_image  # the system prompt, never an image token
     real = batch["attention_mask"][:, prefix:].bool()
@@ -43,11 +43,16 @@ def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
 def test_gradients_reach_the_vision_encoder_and_the_heads(processor: object) -> None:
     model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
     heads = objective.TokenHeads(objective.text_hidden_size(model))
-    out = objective.step(model, heads, batch_of(processor, 2), token_weight=0.5, question_weight=0.3)
+    referent_head = referents.ReferentHead(objective.text_hidden_size(model))
+    heads.add_module("referents", referent_head)
+    weights = objective.Weights(token=0.5, question=0.3, referent=1.0)
+    out = objective.step(model, heads, batch_of(processor, 2), weights)
     out.loss.backward()
-    assert out.question_loss > 0 and out.answer_loss > 0
+    assert out.question_loss > 0 and out.answer_loss > 0 and out.referent_loss > 0
     assert model.model.visual.patch_embed.proj.weight.grad is not None
     assert heads.linear.weight.grad is not None and heads.linear.weight.grad.abs().sum() > 0
+    referent_grad = referent_head.linear.weight.grad
+    assert referent_grad is not None and referent_grad.abs().sum() > 0
 
 
 def _scene(objects: tuple[Obj, ...], glyph: Glyph | None = None) -> Scene:
