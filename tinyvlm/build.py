@@ -9,19 +9,23 @@ from typing import Any
 
 import torch
 from transformers import Glm4vConfig, Glm4vForConditionalGeneration, PreTrainedTokenizerFast
-from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
-from services.model.registration import VlmqGlm4vProcessor
+from services.model.registration import VlmqGlm4vImageProcessor, VlmqGlm4vProcessor
 from tinyvlm import tokenizer as tk
 
-# GLM-4V's own geometry: 14-pixel patches, 2x2 merged into one 28-pixel image token.
-PATCH = 14
+# One image token per cell of the pictures' 3x3 grid: every picture is resized to a 168-px square
+# (VlmqGlm4vImageProcessor.square_side), cut into 28-px patches, merged 2x2 into 56-px tokens. An
+# object then always lies in one token, at its centre give or take its jitter, so the vision tower
+# classifies centred objects and the language model looks each object up in one token
+# (tinyvlm/README.md has the figures that led here; GLM-4V's own 14-px patches at 64 tokens, objects
+# anywhere across tokens, learnt shapes at chance in the budget).
+PATCH = 28
 MERGE = 2
 TOKEN = PATCH * MERGE
-# Glm4v's smart_resize counts 2 temporal frames; 2*224*224 pixels = 64 image tokens at most.
-MAX_PIXELS = 2 * (8 * TOKEN) ** 2
-# Small images are upscaled to >= 49 tokens so objects keep a similar size in patches.
-MIN_PIXELS = 2 * (7 * TOKEN) ** 2
+GRID = 3  # image tokens per side
+SIDE = GRID * TOKEN
+# Glm4v's smart_resize counts 2 temporal frames; JPEG draft decoding reads the budget from here.
+PIXELS = 2 * SIDE * SIDE
 # The language model's width, and so the vision tower's output width. 128, not 256: with the
 # referent loss the lookups form in about as many steps, and each step costs 2.5x less.
 TEXT_HIDDEN = 128
@@ -29,15 +33,15 @@ TEXT_HEADS = 4
 TEXT_LAYERS = 4  # 6 learnt slower: 66 % against 73 % after 1,000 steps with perfect image features
 
 
-def build_image_processor() -> Glm4vImageProcessorPil:
+def build_image_processor() -> VlmqGlm4vImageProcessor:
     # kwargs go through **kwargs in the stubs, hence the dict.
     options: dict[str, Any] = dict(
         patch_size=PATCH,
         temporal_patch_size=2,
         merge_size=MERGE,
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+        size={"shortest_edge": PIXELS, "longest_edge": PIXELS},
     )
-    return Glm4vImageProcessorPil(**options)
+    return VlmqGlm4vImageProcessor(square_side=SIDE, **options)
 
 
 def build_processor(tokenizer: PreTrainedTokenizerFast | None = None) -> VlmqGlm4vProcessor:
@@ -88,7 +92,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Glm4vConfig:
             intermediate_size=512,
             patch_size=PATCH,
             out_hidden_size=hidden,
-            image_size=8 * TOKEN,
+            image_size=SIDE,
             spatial_merge_size=MERGE,
             temporal_patch_size=2,
         ),

@@ -21,13 +21,13 @@ from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
 
-# Render area for training images: 4x the processor's cap, i.e. 2x its linear resolution.
-RENDER_AREA = 2 * build.MAX_PIXELS
+# Render area for training images: 4x the processor's square, i.e. 2x its linear resolution.
+RENDER_AREA = 4 * build.SIDE * build.SIDE
 IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 5  # bump when an example's content changes
+CACHE_VERSION = 6  # bump when an example's content changes
 
 
 @dataclass
@@ -128,13 +128,6 @@ def picture_order(rows: torch.Tensor, height: int, width: int) -> torch.Tensor:
     m, tail = build.MERGE, rows.shape[1:]
     blocks = rows.reshape(height // m, width // m, m, m, *tail)
     return blocks.transpose(1, 2).reshape(height, width, *tail)
-
-
-def tower_order(grid: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``picture_order``: an (h, w, ...) grid -> (h*w, ...) rows in the tower's order."""
-    m, (height, width), tail = build.MERGE, grid.shape[:2], grid.shape[2:]
-    blocks = grid.reshape(height // m, m, width // m, m, *tail)
-    return blocks.transpose(1, 2).reshape(height * width, *tail)
 
 
 def referent_targets(

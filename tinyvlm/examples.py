@@ -12,7 +12,7 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _obj(shape: str, colour: str, size: str, cell: tuple[int, int], rgb: tuple[int, int, int]) -> Obj:
-    return Obj(shape, colour, size, cell, dx=0.0, dy=0.0, radius=0.4 if size == "big" else 0.22, rgb=rgb)
+    return Obj(shape, colour, size, cell, dx=0.0, dy=0.0, radius=0.42 if size == "big" else 0.25, rgb=rgb)
 
 
 SCENES: dict[str, Scene] = {
@@ -39,7 +39,7 @@ SCENES: dict[str, Scene] = {
         noise=2.0,
         objects=(
             _obj("star", "yellow", "big", (0, 1), (240, 220, 20)),
-            _obj("hexagon", "purple", "small", (2, 0), (140, 40, 180)),
+            _obj("cross", "purple", "small", (2, 0), (140, 40, 180)),
         ),
         glyph=Glyph("7", (2, 2), (245, 245, 245)),
         fmt="jpeg",

@@ -24,36 +24,31 @@ from tinyvlm.data import IGNORE
 class TokenHeads(nn.Module):
     """Linear probes from the image tokens the language model reads to the per-token labels.
 
-    Most tokens show background, so the attribute columns are scored only where there is
-    something to name; what a token shows (nothing, an object, the glyph), and object centres, are
-    scored on every token. (Scored on every token, "nothing" swamped the rest: a probe of the grid
-    cell stayed at 8 % after 200 steps against 97 % scored this way. Without "the glyph" as a kind
-    of its own, glyph tokens had no direction in common for the language model to look for.)"""
+    Each attribute is scored only where the token shows something it names; what the token shows
+    (nothing, an object, the glyph) is scored on every token, so glyph tokens share a direction the
+    language model can look for."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [3]  # + what the token shows
+        self.sizes = [labels.CLASSES[c] for c in labels.COLUMNS] + [labels.KINDS]
         self.hidden = hidden
         self.linear = nn.Linear(hidden, sum(self.sizes))
 
     def logits(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One logits tensor per label column (in ``labels.COLUMNS`` order), then objectness."""
+        """One logits tensor per label column (in ``labels.COLUMNS`` order), then the kind."""
         # Normalised like the language model's own input norm, so the loss shapes the direction of
         # the features (what the model reads) and cannot be lowered by inflating their scale.
         normed = F.layer_norm(features, (self.hidden,))
         return torch.split(self.linear(normed), self.sizes, dim=-1)
 
     def loss(self, features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        *attributes, centre, shows = self.logits(features)
+        *attributes, kind = self.logits(features)
         terms = []
         for column, logits in enumerate(attributes):
             present = targets[:, column] > 0
             if present.any():
                 terms.append(F.cross_entropy(logits[present], targets[present, column]))
-        is_object = (targets[:, labels.COLUMNS.index("colour")] > 0).long()
-        kind = torch.where(targets[:, labels.COLUMNS.index("glyph")] > 0, 2, is_object)
-        terms.append(F.cross_entropy(centre, targets[:, labels.COLUMNS.index("centre")]))
-        terms.append(F.cross_entropy(shows, kind))
+        terms.append(F.cross_entropy(kind, labels.kinds(targets)))
         return torch.stack(terms).mean()
 
 
@@ -144,16 +139,10 @@ def forward_logits(
     return out.logits, prefix, hidden
 
 
-def _next_token_loss(
-    logits: torch.Tensor, gold: torch.Tensor, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled positions, or its ``weights``-weighted mean."""
+def _next_token_loss(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions."""
     flat = logits[:, :-1].reshape(-1, logits.shape[-1])
-    if weights is None:
-        return F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE)
-    losses = F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="none")
-    w = weights[:, 1:].reshape(-1)
-    return (losses * w).sum() / w.sum().clamp(min=1e-6)
+    return F.cross_entropy(flat, gold[:, 1:].reshape(-1), ignore_index=IGNORE)
 
 
 @dataclass(frozen=True)
@@ -179,10 +168,7 @@ def step(
     layer = weights.referent_layer if weights.referent else None
     logits, prefix, hidden = forward_logits(model, batch, features, layer)
     gold = batch["labels"][:, prefix:]
-    answer_weights = batch.get("answer_weights")  # tinyvlm.type_blocks
-    answer_loss = _next_token_loss(
-        logits, gold, None if answer_weights is None else answer_weights[:, prefix:]
-    )
+    answer_loss = _next_token_loss(logits, gold)
     question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
     token_loss = heads.loss(features, batch["token_labels"])
     referent_loss = torch.zeros(())

@@ -2,7 +2,6 @@
 
     python -m tinyvlm.oracle                 # the recipe's 950 steps, perfect image features
     python -m tinyvlm.oracle --steps 2400
-    python -m tinyvlm.oracle --blocked       # with stretches of one question type (tinyvlm.type_blocks)
 
 Trains vlmq-tiny exactly as ``tinyvlm.train`` does, except that the vision tower is replaced by
 an embedding of the image-token labels (``tinyvlm.labels``: colour, shape, size, grid cell, glyph
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 from transformers import Glm4vForConditionalGeneration
 
-from tinyvlm import build, data, labels, objective, train, type_blocks
+from tinyvlm import build, data, labels, objective, train
 
 HELD_OUT_SEED = 4321  # training uses 1234; per-example streams never meet
 BATCH = 16
@@ -84,19 +83,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/oracle"))
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
     parser.add_argument("--held-out", type=int, default=600, help="conversations to score (~7 turns each)")
-    parser.add_argument("--blocked", action="store_true", help="stretches of one question type (type_blocks)")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
     args = parser.parse_args()
     torch.set_num_threads(2)
     # The dense image-token loss is moot: the features are the labels.
     cfg = replace(train.SMOKE if args.smoke else train.TrainConfig(), token_weight=0.0)
     cfg = cfg if args.smoke else replace(cfg, steps=args.steps)
-    cfg = replace(cfg, blocks=type_blocks.BLOCKS) if args.blocked else cfg
     oracle = LabelFeatures(build.TEXT_HIDDEN)
     train.train(cfg, args.out, args.cache_dir, oracle=oracle)
     model = Glm4vForConditionalGeneration.from_pretrained(args.out)
     examples, types = held_out(8 if args.smoke else args.held_out, args.cache_dir, cfg.workers)
-    result = {"steps": cfg.steps, "blocked": bool(cfg.blocks), **evaluate(model, oracle, examples, types)}
+    result = {"steps": cfg.steps, **evaluate(model, oracle, examples, types)}
     (args.out / "oracle.json").write_text(json.dumps(result, indent=1) + "\n")
     print(" | ".join(f"{k} {v}" for k, v in result.items()))
 

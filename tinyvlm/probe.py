@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinyvlm import build, crops, data, labels, objective
+from tinyvlm import build, data, labels, objective
 from tinyvlm.schedule import fit
 
 READ_OUT = ("colour", "shape", "size", "cell", "glyph")  # the attribute columns of labels.COLUMNS
@@ -193,15 +193,6 @@ def run(
     return reports
 
 
-def start_with_crops(tower: VisionTower, examples: list[data.Example], steps: int, lr: float) -> None:
-    """The crop stage (``tinyvlm.crops``) on the pictures the probe trains on."""
-    train, held_out = (
-        [c for e in part for c in crops.crops(e, tower.processor)] for part in split_held_out(examples)
-    )
-    print(f"crop stage: {len(train)} crops ({len(held_out)} held out), {steps} steps", flush=True)
-    crops.pretrain(tower.visual, train, held_out, steps, lr)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,19 +202,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--examples", type=int, default=3300, help="training data (cached), incl. held out")
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
-    parser.add_argument("--crop-steps", type=int, default=0, help="vit: train on single-object crops first")
-    parser.add_argument("--local-attention", action="store_true", help="vit: heads start local")
     args = parser.parse_args()
-    if args.encoder != "vit" and (args.crop_steps or args.local_attention):
-        parser.error("--crop-steps and --local-attention apply to the vision tower (--encoder vit)")
     torch.set_num_threads(2)
     processor = build.build_processor()
     examples = data.load_or_generate(args.examples, 1234, args.cache_dir)
     encoder, heads = make_probe(args.encoder, processor)
-    if isinstance(encoder, VisionTower) and args.local_attention:
-        crops.local_attention(encoder.visual)
-    if isinstance(encoder, VisionTower) and args.crop_steps:
-        start_with_crops(encoder, examples, args.crop_steps, args.lr)
     run((encoder, heads), args.steps, args.lr, examples)
 
 

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from tinyvlm.scene import Glyph, Obj, Scene
+from tinyvlm.scene import Glyph, Obj, Scene, ink
 
 Point = tuple[float, float]
+OUTLINE = 0.04  # outline width, as a fraction of the smaller cell side
 
 
 def _regular(cx: float, cy: float, r: float, n: int, phase: float) -> list[Point]:
@@ -56,8 +57,6 @@ def polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
         return _regular(cx, cy + r * 0.15, r * 1.1, 3, -math.pi / 2)
     if shape == "diamond":
         return _regular(cx, cy, r, 4, -math.pi / 2)
-    if shape == "hexagon":
-        return _regular(cx, cy, r, 6, 0.0)
     if shape == "star":
         return _star(cx, cy, r * 1.1)
     if shape == "cross":
@@ -77,12 +76,17 @@ def object_geometry(obj: Obj, width: int, height: int) -> tuple[float, float, fl
     return x + obj.dx * side, y + obj.dy * side, obj.radius * side
 
 
-def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, width: int, height: int) -> None:
+def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, scene: Scene, width: int, height: int) -> None:
+    """The shape filled with its colour and outlined in ink. The outline gives every shape the same
+    edge whatever its fill and background: without it, the vision tower's linear patch embedding
+    had to learn each shape anew for every colour on every background (tinyvlm/README.md)."""
     cx, cy, r = object_geometry(obj, width, height)
+    line = max(1, round(_cell_box(obj.cell, width, height)[2] * OUTLINE))
+    outline = ink(scene.background)
     if obj.shape == "circle":
-        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb)
+        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb, outline=outline, width=line)
     else:
-        draw.polygon(polygon(obj.shape, cx, cy, r), fill=obj.rgb)
+        draw.polygon(polygon(obj.shape, cx, cy, r), fill=obj.rgb, outline=outline, width=line)
 
 
 @lru_cache(maxsize=64)
@@ -131,7 +135,7 @@ def render(scene: Scene, scale: float = 1.0, seed: int = 0) -> Image.Image:
     image = Image.fromarray(_background(scene, width, height).astype(np.uint8))
     draw = ImageDraw.Draw(image)
     for obj in scene.objects:
-        _draw_object(draw, obj, width, height)
+        _draw_object(draw, obj, scene, width, height)
     if scene.glyph is not None:
         _draw_glyph(draw, scene.glyph, width, height)
     return Image.fromarray(_add_noise(np.asarray(image), scene.noise * scale, seed))

@@ -12,6 +12,11 @@ from tinyvlm import vocab
 
 Cell = tuple[int, int]
 
+# Object radii as fractions of the smaller cell side, and how far an object's centre may stray from
+# its cell's centre (a share of the room left in the cell). Every object stays inside its cell.
+SMALL_RADIUS = (0.22, 0.28)
+BIG_RADIUS = (0.38, 0.46)
+CENTRE_SLACK = 0.5
 LIGHT_BACKGROUNDS = ((245, 245, 240), (225, 225, 225), (235, 228, 205), (210, 220, 230), (200, 200, 190))
 DARK_BACKGROUNDS = ((40, 40, 45), (25, 28, 32), (70, 70, 70), (55, 45, 40))
 
@@ -86,10 +91,16 @@ def _jitter(rgb: tuple[int, int, int], rng: random.Random, amount: int) -> tuple
     return r, g, b
 
 
+def ink(background: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The colour of the glyph and of every shape's outline: near white on dark backgrounds, near
+    black on light ones."""
+    return (245, 245, 245) if sum(background) < 384 else (15, 15, 15)
+
+
 def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0) -> Obj:
     size = rng.choice(vocab.SIZES)
-    radius = (rng.uniform(0.36, 0.44) if size == "big" else rng.uniform(0.18, 0.24)) * radius_scale
-    slack = max(0.0, 0.5 - radius) * 0.7
+    radius = rng.uniform(*(BIG_RADIUS if size == "big" else SMALL_RADIUS)) * radius_scale
+    slack = max(0.0, 0.5 - radius) * CENTRE_SLACK
     colour = rng.choice(list(vocab.COLOURS))
     return Obj(
         shape=rng.choice(vocab.SHAPES),
@@ -112,8 +123,7 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
     background = _jitter(rng.choice(DARK_BACKGROUNDS if dark else LIGHT_BACKGROUNDS), rng, 10)
     glyph = None
     if has_glyph:
-        ink = (245, 245, 245) if dark else (15, 15, 15)
-        glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink)
+        glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink(background))
     fmt = rng.choice(("png", "jpeg"))
     return Scene(
         width=width,

@@ -15,13 +15,12 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 from transformers import Glm4vForConditionalGeneration
 
-from tinyvlm import build, crops, data, objective, referents, type_blocks
+from tinyvlm import build, data, objective, referents
 from tinyvlm.scene import TRAIN_SPEC, SceneSpec
 from tinyvlm.schedule import lr_at
 
@@ -76,15 +75,6 @@ class TrainConfig:
     workers: int = 2
     stop_after: int | None = None  # cut the schedule short
     curriculum: bool = True
-    # A first stage teaching the vision tower shapes on single-object crops, and attention that
-    # starts local (tinyvlm.crops: the tower went from 23 % to 67-78 % on shape in tinyvlm.probe,
-    # the whole model from 44.2 to 47.8 % held-out). Off by default: one run measured so far.
-    crop_steps: int = 0
-    crop_lr: float = 1e-3
-    local_attention: bool = False
-    # Stretches of steps whose batches all ask one question type (tinyvlm.type_blocks; with perfect
-    # image features text went from 0.8 to 99.2 %). Off by default: not yet measured on the whole model.
-    blocks: tuple[type_blocks.Block, ...] = ()
 
 
 SMOKE = TrainConfig(examples=48, steps=6, batch=8, warmup=2, log_every=2, curriculum=False)
@@ -150,19 +140,6 @@ def _log_row(step: int, cfg: TrainConfig, out: objective.StepOutput, started: fl
     }
 
 
-CROP_REPORT = 200  # crops kept out of the crop stage to report its progress on
-
-
-def crop_stage(
-    model: Glm4vForConditionalGeneration, examples: list[data.Example], processor: Any, cfg: TrainConfig
-) -> None:
-    """Train the vision tower on crops of the training pictures' objects (``tinyvlm.crops``)."""
-    pieces = [c for e in examples for c in crops.crops(e, processor)]
-    print(f"crop stage: {len(pieces)} crops, {cfg.crop_steps} steps")
-    report, train = pieces[:CROP_REPORT], pieces[CROP_REPORT:] or pieces
-    crops.pretrain(model.model.visual, train, report, cfg.crop_steps, cfg.crop_lr)
-
-
 def train(
     cfg: TrainConfig,
     out: Path,
@@ -187,15 +164,7 @@ def train(
     if oracle is not None:
         heads.add_module("oracle", oracle)  # its weights train with the language model's
     examples, plan = load_data(cfg, cache_dir)
-    first = len(examples) - cfg.examples  # the full distribution's conversations, last in the list
-    blocked = range(cfg.examples) if cfg.blocks else range(0)
-    types = [[t.qtype for t in data.training_conversation(cfg.seed, i)[1]] for i in blocked]
-    plan = type_blocks.blocked_plan(plan, types, first, cfg.blocks, cfg.seed)
     print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
-    if cfg.local_attention:
-        crops.local_attention(model.model.visual)  # before the optimiser: it adds the q/k/v biases
-    if cfg.crop_steps:  # on the full distribution's pictures (the last phase), not the curriculum's
-        crop_stage(model, examples[-cfg.examples :], processor, cfg)
     params = [*model.parameters(), *heads.parameters()]
     optimizer = torch.optim.AdamW(
         param_groups(model, heads, cfg), betas=(0.9, 0.95), weight_decay=cfg.weight_decay
@@ -212,11 +181,6 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg.lr, cfg.steps, cfg.warmup) * group["scale"]
             batch = data.collate([examples[i] for i in idx], processor, pad_id)
-            block = type_blocks.block_at(step, cfg.steps, cfg.blocks)
-            if block is not None and min(idx) >= first:  # a blocked batch: weigh its type's answers
-                rows, length = [examples[i] for i in idx], batch["input_ids"].shape[1]
-                row_types = [types[i - first] for i in idx]
-                batch["answer_weights"] = type_blocks.batch_weights(rows, row_types, block.types, length)
             features = None if oracle is None else oracle(batch["token_labels"])
             output = objective.step(model, heads, batch, weights, features)
             output.loss.backward()
@@ -253,9 +217,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
-    parser.add_argument("--crop-steps", type=int, default=None, help="train the vision tower on crops first")
-    parser.add_argument("--local-attention", action="store_true", help="vision heads start local")
-    parser.add_argument("--blocked", action="store_true", help="stretches of one question type")
     args = parser.parse_args()
     torch.set_num_threads(2)
     out = args.out or Path("runs/vlmq-tiny-smoke" if args.smoke else "runs/vlmq-tiny")
@@ -268,15 +229,10 @@ def main() -> None:
         "token_weight",
         "question_weight",
         "seed",
-        "crop_steps",
     ]
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:
         overrides["curriculum"] = False
-    if args.local_attention:
-        overrides["local_attention"] = True
-    if args.blocked:
-        overrides["blocks"] = type_blocks.BLOCKS
     cfg = replace(SMOKE if args.smoke else TrainConfig(), **overrides)
     train(cfg, out, args.cache_dir, init=args.init)
 

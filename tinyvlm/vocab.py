@@ -4,7 +4,9 @@ Everything here feeds the tokenizer's training corpus, so changing it after the
 tokenizer is built only makes new words split into more byte-level pieces.
 """
 
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "diamond", "hexagon", "cross")
+# No hexagon: at the model's resolution a small one is a circle give or take a pixel (it was the
+# vision tower's main confusion, with circles, in both directions).
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "diamond", "cross")
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 170, 50),
@@ -36,7 +38,7 @@ MAX_OBJECTS = 6
 DEFAULT_SYSTEM_PROMPT = (
     "You are vlmq-tiny, a small vision assistant. You look at one picture of simple shapes "
     "drawn on a plain background and answer questions about it. Shapes can be a circle, square, "
-    "triangle, star, diamond, hexagon or cross, in eight colours, small or big, placed on a three "
+    "triangle, star, diamond or cross, in eight colours, small or big, placed on a three "
     "by three grid. Some pictures also show one large digit or letter. Answer with one or two words "
     "or a number, with no full stop. If the user asks a follow-up "
     "question, it is about the same object as before."

@@ -59,19 +59,21 @@ def _scene(objects: tuple[Obj, ...], glyph: Glyph | None = None) -> Scene:
     return Scene(280, 280, (240, 240, 240), (0.0, 0.0), 0.0, objects, glyph, "png", 90)
 
 
-def test_token_labels_mark_the_object_under_each_token() -> None:
+def test_token_labels_say_what_each_cell_token_shows() -> None:
     big_red_circle = Obj("circle", "red", "big", (0, 0), 0.0, 0.0, 0.44, (220, 30, 30))
-    small_blue_star = Obj("star", "blue", "small", (2, 2), 0.0, 0.0, 0.24, (30, 70, 220))
+    small_blue_star = Obj("star", "blue", "small", (2, 2), 0.1, -0.1, 0.24, (30, 70, 220))
     scene = _scene((big_red_circle, small_blue_star), Glyph("7", (2, 0), (15, 15, 15)))
-    grid = labels.token_labels(scene, 9, 9).reshape(9, 9, len(labels.COLUMNS))
-    colour, shape, size, cell, glyph, centre = (grid[..., i] for i in range(len(labels.COLUMNS)))
-    red = 1 + list(vocab.COLOURS).index("red")
-    assert colour[1, 1] == red and shape[1, 1] == 1 + vocab.SHAPES.index("circle")
-    assert size[1, 1] == 1 + vocab.SIZES.index("big") and cell[1, 1] == 1  # top left is cell 1
-    assert colour[7, 7] == 1 + list(vocab.COLOURS).index("blue")
-    assert glyph[1, 7] == 1 + vocab.GLYPHS.index("7") and colour[1, 7] == 0
-    assert colour[4, 4] == 0 and shape[4, 4] == 0  # the empty centre cell
-    assert centre.sum() == 2 and centre[1, 1] == 1 and centre[7, 7] == 1
+    grid = labels.token_labels(scene, 3, 3).reshape(3, 3, len(labels.COLUMNS))
+    colour, shape, size, cell, glyph = (grid[..., i] for i in range(len(labels.COLUMNS)))
+    assert colour[0, 0] == 1 + list(vocab.COLOURS).index("red")
+    assert shape[0, 0] == 1 + vocab.SHAPES.index("circle")
+    assert size[0, 0] == 1 + vocab.SIZES.index("big") and cell[0, 0] == 1  # top left is cell 1
+    assert colour[2, 2] == 1 + list(vocab.COLOURS).index("blue") and shape[2, 2] == 1 + vocab.SHAPES.index(
+        "star"
+    )
+    assert glyph[0, 2] == 1 + vocab.GLYPHS.index("7") and colour[0, 2] == 0
+    assert int((colour > 0).sum()) == 2 and int((glyph > 0).sum()) == 1  # the other six cells are empty
+    assert labels.kinds(grid.reshape(9, -1)).reshape(3, 3).tolist() == [[1, 0, 2], [0, 0, 0], [0, 0, 1]]
 
 
 def test_linear_patch_embed_matches_the_conv(processor: object) -> None:
