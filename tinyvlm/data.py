@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyvlm import build, labels, questions, referents, render
+from tinyvlm import build, labels, pointers, questions, referents, render
 from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 6  # bump when an example's content changes
+CACHE_VERSION = 9  # bump when an example's content changes
 
 
 @dataclass
@@ -41,6 +41,11 @@ class Example:
     token_labels: torch.Tensor  # (image tokens, len(labels.COLUMNS)) int64, see tinyvlm.labels
     ref_positions: torch.Tensor  # (K,) int64 token positions with a referent row, see tinyvlm.referents
     ref_rows: torch.Tensor  # (K, len(referents.COLUMNS)) int64
+    image_keys: torch.Tensor  # (G + 1,) int64 positions of the image's start token and its G image tokens
+    pointer_positions: torch.Tensor  # (P,) int64 query positions, see tinyvlm.pointers
+    pointer_layers: torch.Tensor  # (P,) int64
+    pointer_heads: torch.Tensor  # (P,) int64
+    pointer_targets: torch.Tensor  # (P, G + 1) float32 attention targets over image_keys
 
 
 def messages(turns: list[Turn], with_answers: bool = True) -> list[dict[str, Any]]:
@@ -130,17 +135,35 @@ def picture_order(rows: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return blocks.transpose(1, 2).reshape(height, width, *tail)
 
 
-def referent_targets(
-    processor: Any, text: str, image_tokens: int, ids: torch.Tensor, turns: list[Turn]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Referent positions and rows (``tinyvlm.referents``) in the processor's token ``ids``."""
+def token_offsets(processor: Any, text: str, image_tokens: int, ids: torch.Tensor) -> tuple[str, list]:
+    """The rendered ``text`` with its image placeholder expanded, and its tokens' character offsets."""
     expanded = text.replace(tk.IMAGE, tk.IMAGE * image_tokens, 1)
     enc = processor.tokenizer(expanded, add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == ids.tolist(), "the tokenizer alone must reproduce the processor's ids"
-    positions, rows = referents.targets(expanded, enc["offset_mapping"], turns)
+    return expanded, enc["offset_mapping"]
+
+
+def referent_targets(text: str, offsets: list, turns: list[Turn]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Referent positions and rows (``tinyvlm.referents``)."""
+    positions, rows = referents.targets(text, offsets, turns)
     return torch.tensor(positions, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64).reshape(
         -1, len(referents.COLUMNS)
     )
+
+
+def pointer_targets(
+    text: str, offsets: list, turns: list[Turn], scene: Scene, grid_h: int, grid_w: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pointer query positions, layers, heads and target distributions (``tinyvlm.pointers``)."""
+    found = pointers.pointers(text, offsets, turns, scene, grid_h, grid_w)
+    targets = torch.zeros(len(found), grid_h * grid_w + 1)
+    for row, pointer in enumerate(found):
+        targets[row, list(pointer.slots)] = 1.0 / len(pointer.slots)
+
+    def column(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in found], dtype=torch.int64)
+
+    return column("position"), column("layer"), column("head"), targets
 
 
 def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> Example:
@@ -155,7 +178,14 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
     grid = enc["image_grid_thw"][0]
     merge = processor.image_processor.merge_size
     grid_h, grid_w = int(grid[1]) // merge, int(grid[2]) // merge
-    ref_positions, ref_rows = referent_targets(processor, text, grid_h * grid_w, ids, turns)
+    expanded, offsets = token_offsets(processor, text, grid_h * grid_w, ids)
+    ref_positions, ref_rows = referent_targets(expanded, offsets, turns)
+    begin = int((ids == tok.convert_tokens_to_ids(tk.BEGIN_IMAGE)).nonzero()[0])
+    image_keys = torch.arange(begin, begin + grid_h * grid_w + 1)
+    assert (ids[image_keys[1:]] == tok.convert_tokens_to_ids(tk.IMAGE)).all()
+    pointer_positions, pointer_layers, pointer_heads, targets = pointer_targets(
+        expanded, offsets, turns, scene, grid_h, grid_w
+    )
     return Example(
         ids,
         answer_labels,
@@ -166,6 +196,11 @@ def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> 
         labels.token_labels(scene, grid_h, grid_w),
         ref_positions,
         ref_rows,
+        image_keys,
+        pointer_positions,
+        pointer_layers,
+        pointer_heads,
+        targets,
     )
 
 
@@ -186,6 +221,8 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     text = questions.ask_text(scene, rng, held_out=False)
     if text is not None and all(t.qtype != "text" for t in turns):
         turns = [text, *turns]  # the glyph is on a third of the pictures: always ask it in training
+    # Counting is the slowest answer to learn: every training conversation ends with one more count.
+    turns = [*turns, questions.ask_count(scene, rng, held_out=False)]
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
@@ -229,6 +266,11 @@ _FIELDS = (
     "token_labels",
     "ref_positions",
     "ref_rows",
+    "image_keys",
+    "pointer_positions",
+    "pointer_layers",
+    "pointer_heads",
+    "pointer_targets",
 )
 
 
@@ -259,13 +301,28 @@ def collate(batch: list[Example], processor: Any, pad_id: int) -> dict[str, torc
         "mm_token_type_ids": torch.stack([pad(e.mm_token_type_ids, 0) for e in batch]),
         "labels": torch.stack([pad(e.labels, IGNORE) for e in batch]),
         "question_labels": torch.stack([pad(e.question_labels, IGNORE) for e in batch]),
-        "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
-        "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
-        "token_labels": torch.cat([e.token_labels for e in batch]),
+        **collate_images(batch, processor),
         # One entry per referent row of the batch: its row in the batch, its position, its labels.
         "ref_batch_rows": torch.cat([torch.full_like(e.ref_positions, i) for i, e in enumerate(batch)]),
         "ref_positions": torch.cat([e.ref_positions for e in batch]),
         "ref_rows": torch.cat([e.ref_rows for e in batch]),
+        "image_keys": torch.stack([e.image_keys for e in batch]),
+        "pointer_batch_rows": torch.cat(
+            [torch.full_like(e.pointer_positions, i) for i, e in enumerate(batch)]
+        ),
+        "pointer_positions": torch.cat([e.pointer_positions for e in batch]),
+        "pointer_layers": torch.cat([e.pointer_layers for e in batch]),
+        "pointer_heads": torch.cat([e.pointer_heads for e in batch]),
+        "pointer_targets": torch.cat([e.pointer_targets for e in batch]),
+    }
+
+
+def collate_images(batch: list[Example], processor: Any) -> dict[str, torch.Tensor]:
+    """The pictures of a batch and their image-token labels only (the vision stage)."""
+    return {
+        "pixel_values": torch.cat([pixels_to_values(e.pixels, processor) for e in batch]),
+        "image_grid_thw": torch.stack([e.grid_thw for e in batch]),
+        "token_labels": torch.cat([e.token_labels for e in batch]),
     }
 
 

@@ -52,8 +52,8 @@ SCENES: dict[str, Scene] = {
         gradient=(0.0, 0.0),
         noise=0.0,
         objects=(
-            _obj("diamond", "orange", "big", (0, 0), (250, 140, 10)),
-            _obj("diamond", "cyan", "small", (2, 0), (20, 210, 230)),
+            _obj("star", "orange", "big", (0, 0), (250, 140, 10)),
+            _obj("star", "cyan", "small", (2, 0), (20, 210, 230)),
             _obj("cross", "pink", "big", (1, 2), (250, 120, 190)),
             _obj("circle", "orange", "small", (2, 1), (250, 140, 10)),
         ),
@@ -73,8 +73,8 @@ QUESTIONS: list[tuple[str, list[tuple[str, str]]]] = [
     ("shapes.png", [("How many shapes are there?", "3")]),
     ("sign.jpg", [("What is written in the picture?", "7")]),
     ("sign.jpg", [("What colour is the star?", "yellow"), ("Is it small or big?", "big")]),
-    ("count.png", [("How many diamonds are there?", "2")]),
-    ("count.png", [("Is the pink cross above or below the cyan diamond?", "below")]),
+    ("count.png", [("How many stars are there?", "2")]),
+    ("count.png", [("Is the pink cross above or below the cyan star?", "below")]),
 ]
 
 

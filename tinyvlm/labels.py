@@ -11,7 +11,7 @@ read these labels exist only during training; the saved model is a plain Glm4v.
 import torch
 
 from tinyvlm import render, vocab
-from tinyvlm.scene import Scene
+from tinyvlm.scene import Obj, Scene
 
 # Label columns; 0 means "nothing" in every one of them.
 COLUMNS = ("colour", "shape", "size", "cell", "glyph")
@@ -33,12 +33,24 @@ def _token(x: float, y: float, scene: Scene, grid_h: int, grid_w: int) -> int:
     return row * grid_w + column
 
 
+def object_token(obj: Obj, scene: Scene, grid_h: int, grid_w: int) -> int:
+    """The image token (row-major) an object's centre falls in."""
+    cx, cy, _ = render.object_geometry(obj, scene.width, scene.height)
+    return _token(cx, cy, scene, grid_h, grid_w)
+
+
+def glyph_token(scene: Scene, grid_h: int, grid_w: int) -> int:
+    """The image token the glyph's centre falls in."""
+    assert scene.glyph is not None
+    left, top, right, bottom = render.glyph_box(scene.glyph, scene.width, scene.height)
+    return _token((left + right) / 2, (top + bottom) / 2, scene, grid_h, grid_w)
+
+
 def token_labels(scene: Scene, grid_h: int, grid_w: int) -> torch.Tensor:
     """(grid_h*grid_w, len(COLUMNS)) int64 labels in the merged tokens' row-major order."""
     labels = torch.zeros(grid_h * grid_w, len(COLUMNS), dtype=torch.int64)
     for obj in scene.objects:
-        cx, cy, _ = render.object_geometry(obj, scene.width, scene.height)
-        token = _token(cx, cy, scene, grid_h, grid_w)
+        token = object_token(obj, scene, grid_h, grid_w)
         assert labels[token].sum() == 0, "two objects in one image token"
         labels[token, :4] = torch.tensor(
             (
@@ -49,9 +61,9 @@ def token_labels(scene: Scene, grid_h: int, grid_w: int) -> torch.Tensor:
             )
         )
     if scene.glyph is not None:
-        left, top, right, bottom = render.glyph_box(scene.glyph, scene.width, scene.height)
-        token = _token((left + right) / 2, (top + bottom) / 2, scene, grid_h, grid_w)
-        labels[token, COLUMNS.index("glyph")] = 1 + vocab.GLYPHS.index(scene.glyph.char)
+        labels[glyph_token(scene, grid_h, grid_w), COLUMNS.index("glyph")] = 1 + vocab.GLYPHS.index(
+            scene.glyph.char
+        )
     return labels
 
 

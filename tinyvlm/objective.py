@@ -17,7 +17,7 @@ from torch import nn
 from transformers import DynamicCache, Glm4vForConditionalGeneration
 from transformers.cache_utils import DynamicLayer
 
-from tinyvlm import labels, referents
+from tinyvlm import labels, pointers, referents
 from tinyvlm.data import IGNORE
 
 
@@ -72,6 +72,7 @@ class StepOutput:
     question_loss: torch.Tensor
     token_loss: torch.Tensor
     referent_loss: torch.Tensor
+    pointer_loss: torch.Tensor
     logits: torch.Tensor  # (B, L - prefix, V): the rows after the shared prefix
     labels: torch.Tensor  # (B, L - prefix)
 
@@ -107,14 +108,39 @@ def positions(model: Glm4vForConditionalGeneration, batch: dict[str, torch.Tenso
     return pos
 
 
+@dataclass
+class Forward:
+    """What one forward pass gives the losses, for the row positions after the shared prefix."""
+
+    logits: torch.Tensor  # (B, L - prefix, V)
+    prefix: int
+    hidden: torch.Tensor | None  # hidden states after ``hidden_layer`` text layers, if asked
+    attentions: dict[int, torch.Tensor]  # text layer -> (B, heads, L - prefix, L) weights, if asked
+
+
+def _record_attention(model: Glm4vForConditionalGeneration, layers: tuple[int, ...]) -> tuple[dict, list]:
+    """Forward hooks that keep the attention weights of ``layers`` (eager attention only)."""
+    kept: dict[int, torch.Tensor] = {}
+    handles = []
+    for index in layers:
+        attention = model.model.language_model.layers[index].self_attn
+
+        def keep(_module: Any, _inputs: Any, output: Any, index: int = index) -> None:
+            assert output[1] is not None, "attention weights need the eager attention implementation"
+            kept[index] = output[1]
+
+        handles.append(attention.register_forward_hook(keep))
+    return kept, handles
+
+
 def forward_logits(
     model: Glm4vForConditionalGeneration,
     batch: dict[str, torch.Tensor],
     features: torch.Tensor,
     hidden_layer: int | None = None,
-) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-    """Logits for every row position after the shared prefix, the prefix length, and (if
-    ``hidden_layer``) the hidden states after that many text layers, for the same positions."""
+    attention_layers: tuple[int, ...] = (),
+) -> Forward:
+    """Logits for every row position after the shared prefix, and what else the losses ask for."""
     ids = batch["input_ids"]
     rows = ids.shape[0]
     prefix = shared_prefix_len(ids, model.config.image_token_id)
@@ -128,15 +154,34 @@ def forward_logits(
         assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
         layer.keys = layer.keys.expand(rows, -1, -1, -1)
         layer.values = layer.values.expand(rows, -1, -1, -1)
-    out = model(
-        inputs_embeds=embeds[:, prefix:],
-        position_ids=pos[:, :, prefix:],
-        attention_mask=batch["attention_mask"],
-        cache=cache,
-        output_hidden_states=hidden_layer is not None,
-    )
+    attentions, handles = _record_attention(model, attention_layers)
+    try:
+        out = model(
+            inputs_embeds=embeds[:, prefix:],
+            position_ids=pos[:, :, prefix:],
+            attention_mask=batch["attention_mask"],
+            cache=cache,
+            output_hidden_states=hidden_layer is not None,
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
     hidden = None if hidden_layer is None else out.hidden_states[hidden_layer]
-    return out.logits, prefix, hidden
+    return Forward(out.logits, prefix, hidden, attentions)
+
+
+def pointer_loss(forward: Forward, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of each pointer head's attention over the image keys against its target."""
+    rows, layers, heads = batch["pointer_batch_rows"], batch["pointer_layers"], batch["pointer_heads"]
+    queries = batch["pointer_positions"] - forward.prefix
+    keys = batch["image_keys"][rows]  # (P, G + 1) absolute positions
+    total = torch.zeros(())
+    for layer, weights in forward.attentions.items():
+        mine = layers == layer
+        attended = weights[rows[mine], heads[mine], queries[mine]]  # (p, L)
+        on_keys = attended.gather(1, keys[mine])
+        total = total - (batch["pointer_targets"][mine] * torch.log(on_keys + 1e-6)).sum()
+    return total / max(1, len(rows))
 
 
 def _next_token_loss(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
@@ -153,6 +198,7 @@ class Weights:
     question: float = 0.0  # next-token loss on the user's words
     referent: float = 0.0  # what each reference names (tinyvlm.referents), read after `referent_layer`
     referent_layer: int = 2
+    pointer: float = 0.0  # where one head per layer looks (tinyvlm.pointers); needs eager attention
 
 
 def step(
@@ -166,7 +212,9 @@ def step(
     ``heads.referents`` (a ``referents.ReferentHead``) is needed when ``weights.referent`` > 0."""
     features = image_features(model, batch) if features is None else features
     layer = weights.referent_layer if weights.referent else None
-    logits, prefix, hidden = forward_logits(model, batch, features, layer)
+    attention_layers = (pointers.MENTION_LAYER, pointers.ANSWER_LAYER) if weights.pointer else ()
+    forward = forward_logits(model, batch, features, layer, attention_layers)
+    logits, prefix, hidden = forward.logits, forward.prefix, forward.hidden
     gold = batch["labels"][:, prefix:]
     answer_loss = _next_token_loss(logits, gold)
     question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
@@ -177,10 +225,12 @@ def step(
         head = heads.get_submodule("referents")
         assert isinstance(head, referents.ReferentHead)
         referent_loss = head.loss(at, batch["ref_rows"])
+    pointing = pointer_loss(forward, batch) if weights.pointer else torch.zeros(())
     loss = (
         answer_loss
         + weights.question * question_loss
         + weights.token * token_loss
         + weights.referent * referent_loss
+        + weights.pointer * pointing
     )
-    return StepOutput(loss, answer_loss, question_loss, token_loss, referent_loss, logits, gold)
+    return StepOutput(loss, answer_loss, question_loss, token_loss, referent_loss, pointing, logits, gold)

@@ -39,6 +39,7 @@ class Turn:
     # it (anchors of relative references included) and the object the answer is about.
     mentions: tuple[Mention, ...] = ()
     about: Obj | None = None
+    counted: tuple[Obj, ...] = ()  # the objects a count question counts
 
 
 def _attribute(obj: Obj, attr: str) -> str:
@@ -109,15 +110,15 @@ def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
     objs = scene.objects
     roll = rng.random()
     if roll < 0.4:
-        what, answer = "shapes", len(objs)
+        what, counted = "shapes", objs
     elif roll < 0.7:
         colour = rng.choice([o.colour for o in objs] + [rng.choice(list(vocab.COLOURS))])
-        what, answer = f"{colour} shapes", sum(o.colour == colour for o in objs)
+        what, counted = f"{colour} shapes", tuple(o for o in objs if o.colour == colour)
     else:
         shape = rng.choice([o.shape for o in objs] + [rng.choice(vocab.SHAPES)])
-        what, answer = templates.plural(shape), sum(o.shape == shape for o in objs)
+        what, counted = templates.plural(shape), tuple(o for o in objs if o.shape == shape)
     phrasing, unseen = _pick("count", rng, held_out)
-    return Turn(phrasing.format(what=what), str(answer), "count", False, unseen)
+    return Turn(phrasing.format(what=what), str(len(counted)), "count", False, unseen, counted=counted)
 
 
 def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:

@@ -55,8 +55,6 @@ def polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
         return [(cx - s, cy - s), (cx + s, cy - s), (cx + s, cy + s), (cx - s, cy + s)]
     if shape == "triangle":
         return _regular(cx, cy + r * 0.15, r * 1.1, 3, -math.pi / 2)
-    if shape == "diamond":
-        return _regular(cx, cy, r, 4, -math.pi / 2)
     if shape == "star":
         return _star(cx, cy, r * 1.1)
     if shape == "cross":
@@ -81,7 +79,7 @@ def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, scene: Scene, width: int, 
     edge whatever its fill and background: without it, the vision tower's linear patch embedding
     had to learn each shape anew for every colour on every background (tinyvlm/README.md)."""
     cx, cy, r = object_geometry(obj, width, height)
-    line = max(1, round(_cell_box(obj.cell, width, height)[2] * OUTLINE))
+    line = max(2, round(_cell_box(obj.cell, width, height)[2] * OUTLINE))  # 2 px on the smallest pictures
     outline = ink(scene.background)
     if obj.shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb, outline=outline, width=line)
@@ -152,5 +150,8 @@ def encode(image: Image.Image, scene: Scene) -> bytes:
 
 
 def round_trip(image: Image.Image, scene: Scene) -> Image.Image:
-    """Encode and decode again, so training sees the same compression artefacts as clients send."""
+    """Encode and decode again, so training sees the same compression artefacts as clients send.
+    PNG is lossless: its round trip would give the same pixels back, so it is skipped."""
+    if scene.fmt == "png":
+        return image
     return Image.open(io.BytesIO(encode(image, scene))).convert("RGB")

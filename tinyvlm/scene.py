@@ -14,7 +14,7 @@ Cell = tuple[int, int]
 
 # Object radii as fractions of the smaller cell side, and how far an object's centre may stray from
 # its cell's centre (a share of the room left in the cell). Every object stays inside its cell.
-SMALL_RADIUS = (0.22, 0.28)
+SMALL_RADIUS = (0.24, 0.29)
 BIG_RADIUS = (0.38, 0.46)
 CENTRE_SLACK = 0.5
 LIGHT_BACKGROUNDS = ((245, 245, 240), (225, 225, 225), (235, 228, 205), (210, 220, 230), (200, 200, 190))

@@ -5,8 +5,9 @@ tokenizer is built only makes new words split into more byte-level pieces.
 """
 
 # No hexagon: at the model's resolution a small one is a circle give or take a pixel (it was the
-# vision tower's main confusion, with circles, in both directions).
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "diamond", "cross")
+# vision tower's main confusion, with circles, in both directions). No diamond: small ones read as
+# crosses (37 of 86 shape errors of the first whole model on held-out pictures).
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross")
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 170, 50),
@@ -38,7 +39,7 @@ MAX_OBJECTS = 6
 DEFAULT_SYSTEM_PROMPT = (
     "You are vlmq-tiny, a small vision assistant. You look at one picture of simple shapes "
     "drawn on a plain background and answer questions about it. Shapes can be a circle, square, "
-    "triangle, star, diamond or cross, in eight colours, small or big, placed on a three "
+    "triangle, star or cross, in eight colours, small or big, placed on a three "
     "by three grid. Some pictures also show one large digit or letter. Answer with one or two words "
     "or a number, with no full stop. If the user asks a follow-up "
     "question, it is about the same object as before."

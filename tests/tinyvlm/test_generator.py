@@ -1,7 +1,10 @@
 """Scenes, conversations and renderings: seeded, consistent with the picture, varied."""
 
+import io
 import random
 from collections import Counter
+
+from PIL import Image
 
 from tinyvlm import render, templates, vocab
 from tinyvlm.evalsets import HELDOUT, WIDE, client_image, items
@@ -80,3 +83,12 @@ def test_client_image_has_scene_size_and_format() -> None:
     assert image.size == (item.scene.width, item.scene.height)
     small = render.render(item.scene, 0.25)
     assert abs(small.width - item.scene.width * 0.25) <= 1
+
+
+def test_round_trip_gives_what_a_client_file_decodes_to() -> None:
+    rng = random.Random(4)
+    for _ in range(6):
+        scene = sample_scene(rng)
+        image = render.render(scene, 0.3, seed=1)
+        decoded = Image.open(io.BytesIO(render.encode(image, scene))).convert("RGB")
+        assert render.round_trip(image, scene).tobytes() == decoded.tobytes()

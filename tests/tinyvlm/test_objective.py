@@ -33,7 +33,8 @@ def test_shared_prefix_forward_equals_full_forward(processor: object) -> None:
     model_inputs = {k: v for k, v in batch.items() if k != "token_labels" and not k.startswith("ref_")}
     with torch.no_grad():
         full = model(**model_inputs).logits
-        shared, prefix, _ = objective.forward_logits(model, batch, objective.image_features(model, batch))
+        forward = objective.forward_logits(model, batch, objective.image_features(model, batch))
+        shared, prefix = forward.logits, forward.prefix
     first_image = int((batch["input_ids"][0] == model.config.image_token_id).nonzero()[0])
     assert 100 <= prefix <= first_image  # the system prompt, never an image token
     real = batch["attention_mask"][:, prefix:].bool()
