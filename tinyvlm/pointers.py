@@ -24,7 +24,9 @@ from tinyvlm.questions import Turn
 from tinyvlm.scene import Obj, Scene
 
 MENTION_LAYER = 1
+POINTED_LAYER = 2
 ANSWER_LAYER = 3
+LAYERS = (MENTION_LAYER, POINTED_LAYER, ANSWER_LAYER)
 ASSISTANT = "<|assistant|>"
 
 
@@ -59,6 +61,14 @@ class _Slots:
 
     def counted(self, objs: tuple[Obj, ...]) -> tuple[int, ...]:
         return (0, *sorted(self.object(o) for o in objs))
+
+
+def _pointed(turn: Turn, named: Obj) -> Obj | None:
+    """The object a reference points to from ``named`` when ``named`` is an anchor (the red circle
+    of "the shape left of the red circle" names another object than the one asked about)."""
+    if turn.qtype == "relative" or turn.about is None or named == turn.about:
+        return None
+    return turn.about
 
 
 def _question_end(turn: Turn, slots: _Slots) -> tuple[int, ...] | None:
@@ -96,6 +106,9 @@ def pointers(
             if at >= 0:
                 end = _token_ending_at(offsets, start + at + len(mention.text))
                 out.append(Pointer(end, MENTION_LAYER, 0, (slots.object(mention.obj),)))
+                pointed = _pointed(turn, mention.obj)
+                if pointed is not None:
+                    out.append(Pointer(end, POINTED_LAYER, 0, (slots.object(pointed),)))
         question = _question_end(turn, slots)
         if question is not None:
             out.append(Pointer(_token_ending_at(offsets, cursor), MENTION_LAYER, 0, question))

@@ -1,7 +1,7 @@
 """The learning-rate schedule of every tinyvlm training loop, and the diagnostics' optimiser loop.
 
-Its own module so that ``tinyvlm.train`` and the stages it runs (``tinyvlm.crops``) can share it
-without importing each other.
+Its own module so that ``tinyvlm.train`` and the diagnostic ``tinyvlm.probe``
+share it without importing each other.
 """
 
 import math

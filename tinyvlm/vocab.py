@@ -32,7 +32,7 @@ CELL_NAMES: dict[tuple[int, int], str] = {
     (2, 2): "bottom right",
 }
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
-# Glyphs for rendered text: digits and letters that stay distinct at 16 px per token.
+# Glyphs for rendered text: digits and letters that stay distinct at the model's resolution.
 GLYPHS: tuple[str, ...] = tuple("0123456789") + tuple("ABEHKMRTXZ")
 MAX_OBJECTS = 6
 
