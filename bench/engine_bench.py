@@ -38,7 +38,7 @@ from services.engine import Engine, EngineConfig, GenerationRequest, SamplingPar
 from services.model.quantization import model_size_bytes, quantize_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-IMAGE_SIZE = (128, 128)  # the cache sections' fixed image size: 64 image tokens for vlmq-tiny
+IMAGE_SIZE = (128, 128)  # the cache sections' image size (vlmq-tiny squares any picture: 9 tokens)
 
 
 def engine(model: Any, proc: Any, **cfg: Any) -> Engine:
