@@ -68,6 +68,7 @@ def test_references_and_unnamed_questions_point_at_their_image_tokens() -> None:
         ("<|assistant|>", answer, 0, (CIRCLE_SLOT,)),
         ("Ġcircle", mention, 0, (CIRCLE_SLOT,)),
         ("Ġstar", mention, 0, (STAR_SLOT,)),
+        ("Ġstar", mention, 1, (CIRCLE_SLOT,)),  # the later reference of a comparison sees both
         ("<|assistant|>", answer, 0, (CIRCLE_SLOT,)),  # left/right: the object asked about...
         ("<|assistant|>", answer, 1, (STAR_SLOT,)),  # ...and the one it is compared with
     ]
