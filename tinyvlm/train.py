@@ -54,7 +54,7 @@ CURRICULUM = (
 @dataclass(frozen=True)
 class TrainConfig:
     examples: int = 10000
-    steps: int = 2600
+    steps: int = 2000
     batch: int = 16
     lr: float = 1.2e-3
     warmup: int = 30

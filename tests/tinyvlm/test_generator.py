@@ -104,7 +104,7 @@ def test_training_count_turn_counts_what_most_objects_share() -> None:
         replace(star, shape="circle", colour="blue", cell=(0, 1)),
     )
     scene = Scene(300, 300, (240, 240, 240), (0.0, 0.0), 0.0, objects, None, "png", 90)
-    asked = Counter()
+    asked: Counter[str] = Counter()
     for seed in range(40):
         turn = ask_count(scene, random.Random(seed), held_out=False, commonest=True)
         asked["blue" if "blue shapes" in turn.question else "stars" if "stars" in turn.question else "?"] += 1
