@@ -212,7 +212,7 @@ def step(
     ``heads.referents`` (a ``referents.ReferentHead``) is needed when ``weights.referent`` > 0."""
     features = image_features(model, batch) if features is None else features
     layer = weights.referent_layer if weights.referent else None
-    attention_layers = pointers.LAYERS if weights.pointer else ()
+    attention_layers = (pointers.MENTION_LAYER, pointers.ANSWER_LAYER) if weights.pointer else ()
     forward = forward_logits(model, batch, features, layer, attention_layers)
     logits, prefix, hidden = forward.logits, forward.prefix, forward.hidden
     gold = batch["labels"][:, prefix:]

@@ -8,13 +8,6 @@ a gradient once the other is right. Telling one head per layer where to look bre
   shape on the left") looks at the object it names; at the end of a text question, at the glyph; at
   the end of a count question, evenly at the objects counted and at the image's start token (so the
   share left on it tells how many there are, and zero matches has somewhere to look);
-- at the later reference of a left/right or above/below question, head 1 of the same layer looks
-  at the earlier one's object, so both places meet at one token, where the referent loss
-  (``tinyvlm.referents``: across, along) asks for their relation;
-- layer ``POINTED_LAYER``, head 0, at the end of the anchor of a relative reference ("the shape
-  left of *the red circle*") looks at the object the whole reference names, one cell from the
-  anchor: the anchor's place is known there after layer ``MENTION_LAYER``, so finding the neighbour
-  is one more lookup rather than a jump the answer position has to make alone;
 - layer ``ANSWER_LAYER``, head 0, at each ``<|assistant|>`` token (where the answer is predicted)
   looks at what the answer is about: the object of an attribute question or follow-up, the glyph,
   or the counted objects; a left/right or above/below question compares two objects, so head 0
@@ -31,9 +24,7 @@ from tinyvlm.questions import Turn
 from tinyvlm.scene import Obj, Scene
 
 MENTION_LAYER = 1
-POINTED_LAYER = 2
 ANSWER_LAYER = 3
-LAYERS = (MENTION_LAYER, POINTED_LAYER, ANSWER_LAYER)
 ASSISTANT = "<|assistant|>"
 
 
@@ -70,14 +61,6 @@ class _Slots:
         return (0, *sorted(self.object(o) for o in objs))
 
 
-def _pointed(turn: Turn, named: Obj) -> Obj | None:
-    """The object a reference points to from ``named`` when ``named`` is an anchor (the red circle
-    of "the shape left of the red circle" names another object than the one asked about)."""
-    if turn.qtype == "relative" or turn.about is None or named == turn.about:
-        return None
-    return turn.about
-
-
 def _question_end(turn: Turn, slots: _Slots) -> tuple[int, ...] | None:
     """What the end of a question that names no object looks at (text, count), if anything."""
     if turn.qtype == "text":
@@ -108,19 +91,11 @@ def pointers(
         start = text.index(turn.question, cursor)
         cursor = start + len(turn.question)
         lowered = turn.question.lower()
-        ends: list[tuple[int, Obj]] = []  # (last token, object) of every reference found
         for mention in turn.mentions:
             at = lowered.rfind(mention.text)
             if at >= 0:
                 end = _token_ending_at(offsets, start + at + len(mention.text))
-                ends.append((end, mention.obj))
                 out.append(Pointer(end, MENTION_LAYER, 0, (slots.object(mention.obj),)))
-                pointed = _pointed(turn, mention.obj)
-                if pointed is not None:
-                    out.append(Pointer(end, POINTED_LAYER, 0, (slots.object(pointed),)))
-        if turn.qtype == "relative" and len(ends) == 2:
-            (_, earlier), (later_end, _) = sorted(ends, key=lambda e: e[0])
-            out.append(Pointer(later_end, MENTION_LAYER, 1, (slots.object(earlier),)))
         question = _question_end(turn, slots)
         if question is not None:
             out.append(Pointer(_token_ending_at(offsets, cursor), MENTION_LAYER, 0, question))

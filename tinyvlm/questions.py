@@ -4,7 +4,6 @@ Every question is answerable from the picture alone and has one short exact answ
 """
 
 import random
-from collections import Counter
 from dataclasses import dataclass
 
 from tinyvlm import templates, vocab
@@ -107,29 +106,16 @@ def ask_follow_up(obj: Obj, attr: str, rng: random.Random, held_out: bool) -> Tu
     return Turn(phrasing, _attribute(obj, attr), attr, True, unseen, about=obj)
 
 
-def _commonest(values: list[str], rng: random.Random) -> str:
-    counts = Counter(values)
-    top = max(counts.values())
-    return rng.choice(sorted(v for v, n in counts.items() if n == top))
-
-
-def ask_count(scene: Scene, rng: random.Random, held_out: bool, commonest: bool = False) -> Turn:
-    """How many shapes, shapes of a colour, or of a shape. ``commonest`` (training only) counts the
-    colour or shape most objects share: drawn uniformly, three of one shape or colour are rare, and
-    a model that has hardly ever answered "3" to such a question undercounts them."""
+def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
     objs = scene.objects
-    roll = rng.uniform(0.4, 1.0) if commonest else rng.random()
+    roll = rng.random()
     if roll < 0.4:
         what, counted = "shapes", objs
     elif roll < 0.7:
-        colours = [o.colour for o in objs]
-        colour = (
-            _commonest(colours, rng) if commonest else rng.choice([*colours, rng.choice(list(vocab.COLOURS))])
-        )
+        colour = rng.choice([o.colour for o in objs] + [rng.choice(list(vocab.COLOURS))])
         what, counted = f"{colour} shapes", tuple(o for o in objs if o.colour == colour)
     else:
-        shapes = [o.shape for o in objs]
-        shape = _commonest(shapes, rng) if commonest else rng.choice([*shapes, rng.choice(vocab.SHAPES)])
+        shape = rng.choice([o.shape for o in objs] + [rng.choice(vocab.SHAPES)])
         what, counted = templates.plural(shape), tuple(o for o in objs if o.shape == shape)
     phrasing, unseen = _pick("count", rng, held_out)
     return Turn(phrasing.format(what=what), str(len(counted)), "count", False, unseen, counted=counted)

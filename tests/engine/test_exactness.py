@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -17,20 +18,33 @@ QUESTIONS = WORKLOAD_QUESTIONS[:6]  # the bench workload's questions
 
 
 def _req(
-    proc: Any, i: int, max_tokens: int = 12, size: tuple[int, int] = (64, 64), **kw: Any
+    proc: Any,
+    i: int,
+    max_tokens: int = 12,
+    size: tuple[int, int] = (64, 64),
+    ignore_eos: bool = False,
+    **kw: Any,
 ) -> tuple[GenerationRequest, list[bytes]]:
     png = draw_image(i, size)
     msgs = [user(QUESTIONS[i % len(QUESTIONS)])]
-    return GenerationRequest(
-        f"r{i}-{size[0]}", msgs, [image_input(proc, png)], SamplingParams(max_tokens=max_tokens), **kw
-    ), [png]
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return GenerationRequest(f"r{i}-{size[0]}", msgs, [image_input(proc, png)], sampling, **kw), [png]
+
+
+def _free_aspect(proc: Any) -> Any:
+    """The bundled processor without its fixed square: GLM-4V's own resize, one grid per aspect ratio
+    (a real checkpoint's batches mix grids)."""
+    free = copy.deepcopy(proc)
+    free.image_processor.square_side = None
+    return free
 
 
 @pytest.mark.parametrize("prefetch", [False, True], ids=["inline-vision", "vision-prefetch"])
 def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_tol, prefetch):
     model, proc = bundled
     engine = make_engine(model, proc, vision_prefetch=prefetch)
-    reqs = [_req(proc, i) for i in range(8)]
+    # The model answers in a word or two; ignoring EOS keeps all eight running until they batch.
+    reqs = [_req(proc, i, ignore_eos=True) for i in range(8)]
     text_only = GenerationRequest(
         "t", [user("Say something.", image=False)], [], SamplingParams(max_tokens=12)
     )
@@ -43,7 +57,7 @@ def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_to
 
 
 def test_mixed_image_sizes_in_one_batch(bundled, make_engine, bundled_tie_tol):
-    model, proc = bundled
+    model, proc = bundled[0], _free_aspect(bundled[1])
     engine = make_engine(model, proc)
     reqs = [_req(proc, i, size=s) for i, s in enumerate([(64, 64), (112, 80), (48, 128), (128, 128)])]
     grids = {tuple(r.images[0].image_grid_thw[0].tolist()) for r, _ in reqs}

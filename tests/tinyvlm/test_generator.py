@@ -3,14 +3,13 @@
 import io
 import random
 from collections import Counter
-from dataclasses import replace
 
 from PIL import Image
 
 from tinyvlm import render, templates, vocab
 from tinyvlm.evalsets import HELDOUT, WIDE, client_image, items
-from tinyvlm.questions import ask_count, conversation
-from tinyvlm.scene import TRAIN_SPEC, WIDE_SPEC, Obj, Scene, sample_scene
+from tinyvlm.questions import conversation
+from tinyvlm.scene import TRAIN_SPEC, WIDE_SPEC, sample_scene
 
 
 def test_same_seed_same_conversation() -> None:
@@ -93,20 +92,3 @@ def test_round_trip_gives_what_a_client_file_decodes_to() -> None:
         image = render.render(scene, 0.3, seed=1)
         decoded = Image.open(io.BytesIO(render.encode(image, scene))).convert("RGB")
         assert render.round_trip(image, scene).tobytes() == decoded.tobytes()
-
-
-def test_training_count_turn_counts_what_most_objects_share() -> None:
-    star = Obj("star", "red", "small", (0, 0), 0.0, 0.0, 0.25, (220, 30, 30))
-    objects = (
-        star,
-        replace(star, colour="blue", cell=(1, 0)),
-        replace(star, colour="blue", cell=(2, 0)),
-        replace(star, shape="circle", colour="blue", cell=(0, 1)),
-    )
-    scene = Scene(300, 300, (240, 240, 240), (0.0, 0.0), 0.0, objects, None, "png", 90)
-    asked: Counter[str] = Counter()
-    for seed in range(40):
-        turn = ask_count(scene, random.Random(seed), held_out=False, commonest=True)
-        asked["blue" if "blue shapes" in turn.question else "stars" if "stars" in turn.question else "?"] += 1
-        assert turn.answer == "3" and len(turn.counted) == 3, turn
-    assert asked["blue"] > 10 and asked["stars"] > 10 and asked["?"] == 0
