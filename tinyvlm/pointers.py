@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tinyvlm import labels
 from tinyvlm.questions import Turn
+from tinyvlm.referents import token_ending_at
 from tinyvlm.scene import Obj, Scene
 
 MENTION_LAYER = 1
@@ -34,15 +35,6 @@ class Pointer:
     layer: int
     head: int
     slots: tuple[int, ...]  # looked at evenly; 0 is the image's start token, k > 0 image token k - 1
-
-
-def _token_ending_at(offsets: list[tuple[int, int]], end: int) -> int:
-    """Index of the last token whose characters end at or before ``end``."""
-    best = 0
-    for index, (_, stop) in enumerate(offsets):
-        if stop <= end:
-            best = index
-    return best
 
 
 class _Slots:
@@ -94,12 +86,12 @@ def pointers(
         for mention in turn.mentions:
             at = lowered.rfind(mention.text)
             if at >= 0:
-                end = _token_ending_at(offsets, start + at + len(mention.text))
+                end = token_ending_at(offsets, start + at + len(mention.text))
                 out.append(Pointer(end, MENTION_LAYER, 0, (slots.object(mention.obj),)))
         question = _question_end(turn, slots)
         if question is not None:
-            out.append(Pointer(_token_ending_at(offsets, cursor), MENTION_LAYER, 0, question))
-        assistant = _token_ending_at(offsets, text.index(ASSISTANT, cursor) + len(ASSISTANT))
+            out.append(Pointer(token_ending_at(offsets, cursor), MENTION_LAYER, 0, question))
+        assistant = token_ending_at(offsets, text.index(ASSISTANT, cursor) + len(ASSISTANT))
         for head, looked_at in enumerate(_answer(turn, slots)):
             out.append(Pointer(assistant, ANSWER_LAYER, head, looked_at))
     return out

@@ -79,7 +79,7 @@ def _question_row(turn: Turn) -> list[int] | None:
     return None
 
 
-def _token_ending_at(offsets: list[tuple[int, int]], end: int) -> int:
+def token_ending_at(offsets: list[tuple[int, int]], end: int) -> int:
     """Index of the token whose characters end at ``end`` (or the last one that ends before it)."""
     best = 0
     for index, (_, stop) in enumerate(offsets):
@@ -128,11 +128,11 @@ def targets(
         for mention, row in zip(turn.mentions, _mention_rows(turn), strict=True):
             at = lowered.rfind(mention.text)
             if at >= 0:
-                positions.append(_token_ending_at(offsets, start + at + len(mention.text)))
+                positions.append(token_ending_at(offsets, start + at + len(mention.text)))
                 rows.append(row)
         question = None if turn.mentions else _question_row(turn)
         if question is not None:
-            positions.append(_token_ending_at(offsets, cursor))
+            positions.append(token_ending_at(offsets, cursor))
             rows.append(question)
     return positions, rows
 
