@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 9  # bump when an example's content changes
+CACHE_VERSION = 10  # bump when an example's content changes
 
 
 @dataclass
@@ -223,6 +223,8 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
         turns = [text, *turns]  # the glyph is on a third of the pictures: always ask it in training
     # Counting is the slowest answer to learn: every training conversation ends with one more count.
     turns = [*turns, questions.ask_count(scene, rng, held_out=False)]
+    if spec.drills:
+        turns = [*turns, *questions.drills(scene, rng)]
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns

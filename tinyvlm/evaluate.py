@@ -62,14 +62,18 @@ def run_conversations(
 
 
 class Tally:
-    """Exact-match counts by question type, turn and phrasing (seen in training or held out)."""
+    """Exact-match counts by question type, turn and phrasing (seen in training or held out), and
+    the wrong answers (for ``--errors``)."""
 
     def __init__(self) -> None:
         self.hits: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self.errors: list[dict[str, Any]] = []
 
     def add(self, item: Item, answers: list[str]) -> None:
         for turn_index, (turn, given) in enumerate(zip(item.turns, answers, strict=True)):
             ok = int(given == turn.answer)
+            if not ok:
+                self.errors.append(_error(item, turn_index, given))
             phrasing = "phrasing_held_out" if turn.held_out_phrasing else "phrasing_seen"
             for key in ("overall", f"type/{turn.qtype}", f"turn/{turn_index + 1}", phrasing):
                 self.hits[key][0] += ok
@@ -79,9 +83,24 @@ class Tally:
         return {k: {"acc": round(100 * h / n, 2), "n": n} for k, (h, n) in sorted(self.hits.items())}
 
 
+def _error(item: Item, turn_index: int, given: str) -> dict[str, Any]:
+    turn = item.turns[turn_index]
+    return {
+        "type": turn.qtype,
+        "turn": turn_index + 1,
+        "question": turn.question,
+        "expected": turn.answer,
+        "given": given,
+        "objects": [f"{o.size} {o.colour} {o.shape} {o.cell}" for o in item.scene.objects],
+        "glyph": None if item.scene.glyph is None else item.scene.glyph.char,
+        "size": [item.scene.width, item.scene.height],
+    }
+
+
 def evaluate_set(
     models: dict[str, tuple[Any, Any]], eval_set: EvalSet, batch: int, limit: int | None
-) -> dict:
+) -> tuple[dict, dict[str, list[dict[str, Any]]]]:
+    """Per mode: the accuracy summary, and the wrong answers."""
     items = list(evalsets.items(eval_set, limit))
     tallies = {mode: Tally() for mode in models}
     seconds = dict.fromkeys(models, 0.0)
@@ -94,7 +113,8 @@ def evaluate_set(
             seconds[mode] += time.time() - began
             for item, given in zip(chunk, answers, strict=True):
                 tallies[mode].add(item, given)
-    return {mode: {**tallies[mode].summary(), "seconds": round(seconds[mode], 1)} for mode in models}
+    results = {mode: {**tallies[mode].summary(), "seconds": round(seconds[mode], 1)} for mode in models}
+    return results, {mode: tallies[mode].errors for mode in models}
 
 
 def table(results: dict[str, dict[str, dict]], modes: list[str]) -> str:
@@ -123,13 +143,14 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=Path("runs/eval.json"))
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--errors", type=Path, default=None, help="write every wrong answer here (JSONL)")
     parser.add_argument("--limit", type=int, default=None, help="questions per set (default: 2000 / 1000)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     models = {mode: load_model(args.model, quantize=mode) for mode in args.modes}
-    results = {
-        s.name: evaluate_set(models, s, args.batch, args.limit) for s in (evalsets.HELDOUT, evalsets.WIDE)
-    }
+    results, errors = {}, {}
+    for eval_set in (evalsets.HELDOUT, evalsets.WIDE):
+        results[eval_set.name], errors[eval_set.name] = evaluate_set(models, eval_set, args.batch, args.limit)
     report = {
         "model": str(args.model),
         "size_bytes": {LABELS[m]: model_size_bytes(models[m][0]) for m in args.modes},
@@ -137,6 +158,11 @@ def main() -> None:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
+    if args.errors is not None:  # one line per wrong answer: set, mode, question, expected, given, scene
+        with args.errors.open("w") as out:
+            for name, by_mode in errors.items():
+                for mode, wrong in by_mode.items():
+                    out.writelines(json.dumps({"set": name, "mode": LABELS[mode], **e}) + "\n" for e in wrong)
     print(table(results, args.modes))
     print(f"wrote {args.json}")
 

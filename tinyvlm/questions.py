@@ -91,8 +91,13 @@ def _pick(kind: str, rng: random.Random, held_out: bool, follow_up: bool = False
     return options[index], held_out and index == len(options) - 1
 
 
-def ask_attribute(obj: Obj, attr: str, scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
+def ask_attribute(
+    obj: Obj, attr: str, scene: Scene, rng: random.Random, held_out: bool, kinds: tuple[str, ...] = ()
+) -> Turn | None:
+    """A question about ``obj``'s ``attr``, naming it by one of its references (of ``kinds``, if given)."""
     refs = {k: v for k, v in references(obj, scene, rng).items() if k not in LEAKS[attr]}
+    if kinds:
+        refs = {k: v for k, v in refs.items() if k in kinds}
     if not refs:
         return None
     ref, mentions = refs[rng.choice(sorted(refs))]
@@ -106,9 +111,13 @@ def ask_follow_up(obj: Obj, attr: str, rng: random.Random, held_out: bool) -> Tu
     return Turn(phrasing, _attribute(obj, attr), attr, True, unseen, about=obj)
 
 
-def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
+COUNT_KINDS = {"any": (0.0, 1.0), "all": (0.0, 0.4), "one_kind": (0.4, 1.0)}
+
+
+def ask_count(scene: Scene, rng: random.Random, held_out: bool, kind: str = "any") -> Turn:
+    """How many shapes ("all"), or shapes of one colour or one shape ("one_kind"), or either."""
     objs = scene.objects
-    roll = rng.random()
+    roll = rng.uniform(*COUNT_KINDS[kind])
     if roll < 0.4:
         what, counted = "shapes", objs
     elif roll < 0.7:
@@ -119,6 +128,17 @@ def ask_count(scene: Scene, rng: random.Random, held_out: bool) -> Turn:
         what, counted = templates.plural(shape), tuple(o for o in objs if o.shape == shape)
     phrasing, unseen = _pick("count", rng, held_out)
     return Turn(phrasing.format(what=what), str(len(counted)), "count", False, unseen, counted=counted)
+
+
+def drills(scene: Scene, rng: random.Random) -> list[Turn]:
+    """Two attribute questions through relative references ("the shape left of the red circle"),
+    where the scene has them, a count of one colour or shape and a count of all shapes."""
+    turns = []
+    for obj in rng.sample(scene.objects, min(2, len(scene.objects))):
+        turn = ask_attribute(obj, rng.choice(ATTRIBUTES[:3]), scene, rng, False, kinds=("relative",))
+        if turn is not None:
+            turns.append(turn)
+    return [*turns, ask_count(scene, rng, False, "one_kind"), ask_count(scene, rng, False, "all")]
 
 
 def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:

@@ -6,7 +6,7 @@ the same scene can be drawn full size for the eval and smaller for training.
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tinyvlm import vocab
 
@@ -66,6 +66,12 @@ class SceneSpec:
     # untrained model first finds them without searching the picture.
     radius_scale: float = 1.0
     only_attribute: str | None = None  # curriculum only: ask just this attribute of one object
+    # Chance that an object copies the colour or the shape of an earlier one: counts of 2 and 3 of a
+    # colour or shape are rare in the uniform draw (training's polish stage only).
+    repeat: float = 0.0
+    # Training's polish stage only: extra turns on what the model gets wrong most (attributes asked
+    # through "the shape left of ..." references, counts of one colour or shape).
+    drills: bool = False
 
 
 TRAIN_SPEC = SceneSpec()
@@ -114,6 +120,19 @@ def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0) -> Obj:
     )
 
 
+def _repeat_attributes(objects: list[Obj], rng: random.Random, chance: float) -> list[Obj]:
+    out: list[Obj] = []
+    for obj in objects:
+        if out and rng.random() < chance:
+            model = rng.choice(out)
+            if rng.random() < 0.5:
+                obj = replace(obj, colour=model.colour, rgb=_jitter(vocab.COLOURS[model.colour], rng, 12))
+            else:
+                obj = replace(obj, shape=model.shape)
+        out.append(obj)
+    return out
+
+
 def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
     width, height = sample_size(rng, spec)
     n = rng.choices(range(1, vocab.MAX_OBJECTS + 1), weights=spec.object_weights)[0]
@@ -125,13 +144,17 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
     if has_glyph:
         glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink(background))
     fmt = rng.choice(("png", "jpeg"))
+    gradient, noise = (rng.uniform(-25, 25), rng.uniform(-25, 25)), rng.uniform(2.0, 10.0)
+    objects = [_object(rng, cell, spec.radius_scale) for cell in cells[:n]]
+    if spec.repeat:  # no extra draws otherwise: the other specs' scenes stay as they were
+        objects = _repeat_attributes(objects, rng, spec.repeat)
     return Scene(
         width=width,
         height=height,
         background=background,
-        gradient=(rng.uniform(-25, 25), rng.uniform(-25, 25)),
-        noise=rng.uniform(2.0, 10.0),
-        objects=tuple(_object(rng, cell, spec.radius_scale) for cell in cells[:n]),
+        gradient=gradient,
+        noise=noise,
+        objects=tuple(objects),
         glyph=glyph,
         fmt=fmt,
         quality=rng.randint(70, 95),

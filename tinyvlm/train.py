@@ -1,11 +1,14 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~17 min on 2 cores)
+    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~24 min on 2 cores)
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
+    python -m tinyvlm.train --init CKPT --steps 0 --vision-steps 0 --out runs/x  # the polish stage alone
 
-Writes the checkpoint (model + processor) and ``train_log.jsonl`` (answer, question and
-image-token losses and answer-token accuracy every ``log_every`` steps) into ``--out``.
+Stages: the vision tower alone, then everything through a curriculum, then a short polish at a lower
+learning rate on drills of what the model gets wrong most. Writes the checkpoint (model +
+processor) and ``train_log.jsonl`` (stage, losses and answer-token accuracy every ``log_every``
+steps) into ``--out``.
 The objective is in ``tinyvlm.objective``, the image-token labels in ``tinyvlm.labels``.
 """
 
@@ -81,10 +84,25 @@ class TrainConfig:
     workers: int = 2
     stop_after: int | None = None  # cut the schedule short
     curriculum: bool = True
+    # A last joint stage at a low learning rate on pictures that repeat colours and shapes, with the
+    # answer, question and pointer losses only (tinyvlm.train: polish).
+    polish_steps: int = 400
+    polish_examples: int = 4000
+    polish_lr: float = 6e-4
+    polish_repeat: float = 0.3  # chance that an object copies an earlier one's colour or shape
 
 
 SMOKE = TrainConfig(
-    examples=48, steps=6, batch=8, warmup=2, log_every=2, curriculum=False, vision_steps=4, vision_batch=8
+    examples=48,
+    steps=6,
+    batch=8,
+    warmup=2,
+    log_every=2,
+    curriculum=False,
+    vision_steps=4,
+    vision_batch=8,
+    polish_steps=2,
+    polish_examples=16,
 )
 
 
@@ -134,7 +152,7 @@ def param_groups(
     ]
 
 
-def _log_row(step: int, cfg: TrainConfig, out: objective.StepOutput, started: float) -> dict[str, float]:
+def _log_row(step: int, out: objective.StepOutput, started: float) -> dict[str, float]:
     return {
         "step": step,
         "loss": round(out.loss.item(), 4),
@@ -144,7 +162,6 @@ def _log_row(step: int, cfg: TrainConfig, out: objective.StepOutput, started: fl
         "referent_loss": round(out.referent_loss.item(), 4),
         "pointer_loss": round(out.pointer_loss.item(), 4),
         "answer_token_acc": round(answer_accuracy(out.logits.detach(), out.labels), 4),
-        "lr": lr_at(step, cfg.lr, cfg.steps, cfg.warmup),
         "elapsed_s": round(time.time() - started, 1),
     }
 
@@ -170,6 +187,72 @@ def vision_stage(
     fit(params, cfg.vision_steps, cfg.vision_lr, step_loss, report)
 
 
+def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], list[list[int]]]:
+    """The polish stage's examples (another seed: new pictures) and its index batches."""
+    spec = replace(TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True)
+    seed = cfg.seed + 1
+    examples = data.load_or_generate(
+        cfg.polish_examples, seed, cache_dir, cfg.workers, spec, f"-polish-r{cfg.polish_repeat:g}"
+    )
+    return examples, batches(len(examples), cfg.polish_steps, replace(cfg, seed=seed))
+
+
+class Loop:
+    """Joint training steps over ``examples``: an optimiser per stage, one log for all stages."""
+
+    def __init__(
+        self,
+        model: Glm4vForConditionalGeneration,
+        heads: objective.TokenHeads,
+        processor: Any,
+        examples: list[data.Example],
+        cfg: TrainConfig,
+        log: Any,
+        out: Path,
+        started: float,
+    ) -> None:
+        self.model, self.heads, self.processor, self.examples = model, heads, processor, examples
+        self.cfg, self.log, self.out, self.started = cfg, log, out, started
+        self.step = 0  # across stages, for the log
+
+    def run(
+        self, plan: list[list[int]], weights: objective.Weights, peak_lr: float, steps: int, name: str
+    ) -> None:
+        """``plan``'s batches, the learning rate warming up to ``peak_lr`` and falling by a cosine over
+        ``steps`` (the stage's full length, which ``plan`` may cut short)."""
+        cfg, model = self.cfg, self.model
+        params = [*model.parameters(), *self.heads.parameters()]
+        optimizer = torch.optim.AdamW(
+            param_groups(model, self.heads, cfg), betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        )
+        pad_id = self.processor.tokenizer.pad_token_id
+        bar = tqdm(plan, desc=name, unit="step")
+        for step, idx in enumerate(bar):
+            lr = lr_at(step, peak_lr, steps, cfg.warmup)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["scale"]
+            batch = data.collate([self.examples[i] for i in idx], self.processor, pad_id)
+            output = objective.step(model, self.heads, batch, weights, self.features(batch))
+            output.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % cfg.log_every == 0 or step == steps - 1:
+                row = {"stage": name, "stage_step": step, "lr": lr}
+                row |= _log_row(self.step, output, self.started)
+                self.log.write(json.dumps(row) + "\n")
+                self.log.flush()
+                bar.set_postfix(loss=row["answer_loss"], tok=row["token_loss"], acc=row["answer_token_acc"])
+            self.step += 1
+            if self.step % cfg.save_every == 0:
+                build.save_checkpoint(model, self.processor, self.out)  # usable if the run is cut short
+
+    def features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The oracle's features from the labels, if training with one (``tinyvlm.oracle``)."""
+        oracle = dict(self.heads.named_children()).get("oracle")
+        return None if oracle is None else oracle(batch["token_labels"])
+
+
 def train(
     cfg: TrainConfig,
     out: Path,
@@ -193,15 +276,12 @@ def train(
         heads.add_module("referents", referents.ReferentHead(objective.text_hidden_size(model)))
     if oracle is not None:
         heads.add_module("oracle", oracle)  # its weights train with the language model's
-    examples, plan = load_data(cfg, cache_dir)
-    print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {data.token_stats(examples)}")
-    if cfg.vision_steps and oracle is None:  # on the full distribution's pictures, the last phase
+    examples, plan = load_data(cfg, cache_dir) if cfg.steps else ([], [])  # 0: polish an --init only
+    if examples:
+        stats = data.token_stats(examples)
+        print(f"data: {len(examples)} conversations in {time.time() - started:.0f}s {stats}")
+    if cfg.vision_steps and cfg.steps and oracle is None:  # on the last phase's pictures (the full mix)
         vision_stage(model, heads, examples[-cfg.examples :], processor, cfg)
-    params = [*model.parameters(), *heads.parameters()]
-    optimizer = torch.optim.AdamW(
-        param_groups(model, heads, cfg), betas=(0.9, 0.95), weight_decay=cfg.weight_decay
-    )
-    pad_id = processor.tokenizer.pad_token_id
     weights = objective.Weights(
         cfg.token_weight, cfg.question_weight, cfg.referent_weight, cfg.referent_layer, cfg.pointer_weight
     )
@@ -210,24 +290,13 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     with (out / "train_log.jsonl").open("w") as log:
-        bar = tqdm(plan[: cfg.stop_after], desc="train", unit="step")
-        for step, idx in enumerate(bar):
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg.lr, cfg.steps, cfg.warmup) * group["scale"]
-            batch = data.collate([examples[i] for i in idx], processor, pad_id)
-            features = None if oracle is None else oracle(batch["token_labels"])
-            output = objective.step(model, heads, batch, weights, features)
-            output.loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                row = _log_row(step, cfg, output, started)
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                bar.set_postfix(loss=row["answer_loss"], tok=row["token_loss"], acc=row["answer_token_acc"])
-            if (step + 1) % cfg.save_every == 0:
-                build.save_checkpoint(model, processor, out)  # a usable model if the run is cut short
+        loop = Loop(model, heads, processor, examples, cfg, log, out, started)
+        loop.run(plan[: cfg.stop_after], weights, cfg.lr, cfg.steps, "train")
+        if cfg.polish_steps:
+            loop.examples, polish_plan = load_polish(cfg, cache_dir)
+            # The auxiliary heads' labels are learnt by now; answers, questions and pointers stay.
+            polish = replace(weights, token=0.0, referent=0.0)
+            loop.run(polish_plan, polish, cfg.polish_lr, cfg.polish_steps, "polish")
     model.eval()
     build.save_checkpoint(model, processor, out)
     print(f"saved {out} after {time.time() - started:.0f}s")
@@ -250,6 +319,10 @@ def main() -> None:
     parser.add_argument("--question-weight", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--vision-steps", type=int, default=None, help="steps of the vision-only stage")
+    parser.add_argument("--polish-steps", type=int, default=None, help="steps of the last, polish stage")
+    parser.add_argument("--polish-lr", type=float, default=None)
+    parser.add_argument("--polish-repeat", type=float, default=None)
+    parser.add_argument("--polish-examples", type=int, default=None)
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
     args = parser.parse_args()
@@ -265,6 +338,10 @@ def main() -> None:
         "question_weight",
         "seed",
         "vision_steps",
+        "polish_steps",
+        "polish_lr",
+        "polish_repeat",
+        "polish_examples",
     ]
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:

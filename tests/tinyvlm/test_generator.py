@@ -3,10 +3,12 @@
 import io
 import random
 from collections import Counter
+from dataclasses import replace
 
 from PIL import Image
 
 from tinyvlm import render, templates, vocab
+from tinyvlm.data import training_conversation
 from tinyvlm.evalsets import HELDOUT, WIDE, client_image, items
 from tinyvlm.questions import conversation
 from tinyvlm.scene import TRAIN_SPEC, WIDE_SPEC, sample_scene
@@ -55,6 +57,25 @@ def test_training_never_sees_held_out_phrasings() -> None:
         for turn in conversation(sample_scene(rng), rng, held_out=False):
             assert not turn.held_out_phrasing
             assert turn.question not in held_out
+
+
+def test_polish_set_repeats_attributes_and_drills_without_held_out_phrasings() -> None:
+    polish = replace(TRAIN_SPEC, repeat=0.5, drills=True)
+    repeats, relative_refs = 0, 0
+    conditional_counts: Counter[str] = Counter()
+    for index in range(200):
+        scene, turns = training_conversation(99, index, polish)
+        colours = [o.colour for o in scene.objects]
+        repeats += len(colours) > len(set(colours))
+        assert not any(turn.held_out_phrasing for turn in turns)
+        relative_refs += sum(turn.qtype != "relative" and " of the " in turn.question for turn in turns)
+        one_kind, total = turns[-2:]
+        assert total.qtype == "count" and total.answer == str(len(scene.objects))
+        assert one_kind.qtype == "count" and one_kind.answer == str(len(one_kind.counted))
+        assert "shapes" not in one_kind.question or any(c in one_kind.question for c in vocab.COLOURS)
+        conditional_counts[one_kind.answer] += 1
+    assert repeats > 60 and relative_refs > 100
+    assert conditional_counts["2"] > 20 and conditional_counts["3"] > 5
 
 
 def test_eval_sets_cover_types_turns_and_held_out_phrasings() -> None:

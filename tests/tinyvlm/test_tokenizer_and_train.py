@@ -37,7 +37,10 @@ def test_train_smoke(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tinyvlm.train", "--smoke", "--out", str(out), "--cache-dir", str(tmp_path)]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=60, capture_output=True)
     rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert rows and rows[-1]["loss"] < rows[0]["loss"]
+    joint = [row for row in rows if row["stage"] == "train"]
+    assert joint and joint[-1]["loss"] < joint[0]["loss"]
+    polish = [row for row in rows if row["stage"] == "polish"]
+    assert polish and polish[0]["step"] == joint[-1]["step"] + 1  # one log, steps counted on
     assert (out / "model.safetensors").exists() and (out / "processor_config.json").exists()
 
 
