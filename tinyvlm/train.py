@@ -90,6 +90,7 @@ class TrainConfig:
     polish_examples: int = 4000
     polish_lr: float = 6e-4
     polish_repeat: float = 0.3  # chance that an object copies an earlier one's colour or shape
+    polish_seed: int = 1235  # not the joint stage's seed: new pictures
 
 
 SMOKE = TrainConfig(
@@ -188,9 +189,9 @@ def vision_stage(
 
 
 def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], list[list[int]]]:
-    """The polish stage's examples (another seed: new pictures) and its index batches."""
+    """The polish stage's examples (its own seed: new pictures) and its index batches."""
     spec = replace(TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True)
-    seed = cfg.seed + 1
+    seed = cfg.polish_seed
     examples = data.load_or_generate(
         cfg.polish_examples, seed, cache_dir, cfg.workers, spec, f"-polish-r{cfg.polish_repeat:g}"
     )
@@ -323,6 +324,7 @@ def main() -> None:
     parser.add_argument("--polish-lr", type=float, default=None)
     parser.add_argument("--polish-repeat", type=float, default=None)
     parser.add_argument("--polish-examples", type=int, default=None)
+    parser.add_argument("--polish-seed", type=int, default=None, help="draws the polish set and its order")
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
     args = parser.parse_args()
@@ -342,6 +344,7 @@ def main() -> None:
         "polish_lr",
         "polish_repeat",
         "polish_examples",
+        "polish_seed",
     ]
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:
