@@ -218,7 +218,7 @@ def step(
     gold = batch["labels"][:, prefix:]
     answer_loss = _next_token_loss(logits, gold)
     question_loss = _next_token_loss(logits, batch["question_labels"][:, prefix:])
-    token_loss = heads.loss(features, batch["token_labels"])
+    token_loss = heads.loss(features, batch["token_labels"]) if weights.token else torch.zeros(())
     referent_loss = torch.zeros(())
     if hidden is not None:
         at = hidden[batch["ref_batch_rows"], batch["ref_positions"] - prefix]

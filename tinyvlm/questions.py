@@ -111,14 +111,16 @@ def ask_follow_up(obj: Obj, attr: str, rng: random.Random, held_out: bool) -> Tu
     return Turn(phrasing, _attribute(obj, attr), attr, True, unseen, about=obj)
 
 
-COUNT_KINDS = {"any": (0.0, 1.0), "all": (0.0, 0.4), "one_kind": (0.4, 1.0)}
+TOTALS_SHARE = 0.4  # of count questions, how many count all shapes (the rest: one colour or shape)
+# A count question's kind is drawn as a roll in [0, 1); these ranges pin it to one kind.
+COUNT_KINDS = {"any": (0.0, 1.0), "all": (0.0, TOTALS_SHARE), "one_kind": (TOTALS_SHARE, 1.0)}
 
 
 def ask_count(scene: Scene, rng: random.Random, held_out: bool, kind: str = "any") -> Turn:
     """How many shapes ("all"), or shapes of one colour or one shape ("one_kind"), or either."""
     objs = scene.objects
     roll = rng.uniform(*COUNT_KINDS[kind])
-    if roll < 0.4:
+    if roll < TOTALS_SHARE:
         what, counted = "shapes", objs
     elif roll < 0.7:
         colour = rng.choice([o.colour for o in objs] + [rng.choice(list(vocab.COLOURS))])
@@ -130,12 +132,16 @@ def ask_count(scene: Scene, rng: random.Random, held_out: bool, kind: str = "any
     return Turn(phrasing.format(what=what), str(len(counted)), "count", False, unseen, counted=counted)
 
 
+# The attributes a relative reference does not give away (it names the place).
+THROUGH_RELATIVE = tuple(a for a in ATTRIBUTES if "relative" not in LEAKS[a])
+
+
 def drills(scene: Scene, rng: random.Random) -> list[Turn]:
     """Two attribute questions through relative references ("the shape left of the red circle"),
     where the scene has them, a count of one colour or shape and a count of all shapes."""
     turns = []
     for obj in rng.sample(scene.objects, min(2, len(scene.objects))):
-        turn = ask_attribute(obj, rng.choice(ATTRIBUTES[:3]), scene, rng, False, kinds=("relative",))
+        turn = ask_attribute(obj, rng.choice(THROUGH_RELATIVE), scene, rng, False, kinds=("relative",))
         if turn is not None:
             turns.append(turn)
     return [*turns, ask_count(scene, rng, False, "one_kind"), ask_count(scene, rng, False, "all")]

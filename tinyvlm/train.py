@@ -82,7 +82,7 @@ class TrainConfig:
     log_every: int = 25
     save_every: int = 50
     workers: int = 2
-    stop_after: int | None = None  # cut the schedule short
+    stop_after: int | None = None  # cut the joint stage short (and leave the polish out)
     curriculum: bool = True
     # A last joint stage at a low learning rate on pictures that repeat colours and shapes, with the
     # answer, question and pointer losses only (tinyvlm.train: polish).
@@ -199,28 +199,36 @@ def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], 
 
 
 class Loop:
-    """Joint training steps over ``examples``: an optimiser per stage, one log for all stages."""
+    """Joint training stages: an optimiser per stage, one log and one step count for all stages
+    (``elapsed_s`` counts from ``started``). ``oracle`` (``tinyvlm.oracle``) maps the image-token
+    labels to the features the language model reads, in place of the vision tower."""
 
     def __init__(
         self,
         model: Glm4vForConditionalGeneration,
         heads: objective.TokenHeads,
         processor: Any,
-        examples: list[data.Example],
         cfg: TrainConfig,
         log: Any,
         out: Path,
         started: float,
+        oracle: torch.nn.Module | None = None,
     ) -> None:
-        self.model, self.heads, self.processor, self.examples = model, heads, processor, examples
-        self.cfg, self.log, self.out, self.started = cfg, log, out, started
-        self.step = 0  # across stages, for the log
+        self.model, self.heads, self.processor, self.cfg = model, heads, processor, cfg
+        self.log, self.out, self.started, self.oracle = log, out, started, oracle
+        self.step = 0
 
     def run(
-        self, plan: list[list[int]], weights: objective.Weights, peak_lr: float, steps: int, name: str
+        self,
+        examples: list[data.Example],
+        plan: list[list[int]],
+        weights: objective.Weights,
+        peak_lr: float,
+        steps: int,
+        name: str,
     ) -> None:
-        """``plan``'s batches, the learning rate warming up to ``peak_lr`` and falling by a cosine over
-        ``steps`` (the stage's full length, which ``plan`` may cut short)."""
+        """``plan``'s batches of ``examples``, the learning rate warming up to ``peak_lr`` and falling
+        by a cosine over ``steps`` (the stage's full length, which ``plan`` may cut short)."""
         cfg, model = self.cfg, self.model
         params = [*model.parameters(), *self.heads.parameters()]
         optimizer = torch.optim.AdamW(
@@ -232,8 +240,9 @@ class Loop:
             lr = lr_at(step, peak_lr, steps, cfg.warmup)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group["scale"]
-            batch = data.collate([self.examples[i] for i in idx], self.processor, pad_id)
-            output = objective.step(model, self.heads, batch, weights, self.features(batch))
+            batch = data.collate([examples[i] for i in idx], self.processor, pad_id)
+            features = None if self.oracle is None else self.oracle(batch["token_labels"])
+            output = objective.step(model, self.heads, batch, weights, features)
             output.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
@@ -247,11 +256,6 @@ class Loop:
             self.step += 1
             if self.step % cfg.save_every == 0:
                 build.save_checkpoint(model, self.processor, self.out)  # usable if the run is cut short
-
-    def features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """The oracle's features from the labels, if training with one (``tinyvlm.oracle``)."""
-        oracle = dict(self.heads.named_children()).get("oracle")
-        return None if oracle is None else oracle(batch["token_labels"])
 
 
 def train(
@@ -291,13 +295,13 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     model.train()
     with (out / "train_log.jsonl").open("w") as log:
-        loop = Loop(model, heads, processor, examples, cfg, log, out, started)
-        loop.run(plan[: cfg.stop_after], weights, cfg.lr, cfg.steps, "train")
-        if cfg.polish_steps:
-            loop.examples, polish_plan = load_polish(cfg, cache_dir)
+        loop = Loop(model, heads, processor, cfg, log, out, started, oracle)
+        loop.run(examples, plan[: cfg.stop_after], weights, cfg.lr, cfg.steps, "train")
+        if cfg.polish_steps and cfg.stop_after is None:
+            polish_examples, polish_plan = load_polish(cfg, cache_dir)
             # The auxiliary heads' labels are learnt by now; answers, questions and pointers stay.
             polish = replace(weights, token=0.0, referent=0.0)
-            loop.run(polish_plan, polish, cfg.polish_lr, cfg.polish_steps, "polish")
+            loop.run(polish_examples, polish_plan, polish, cfg.polish_lr, cfg.polish_steps, "polish")
     model.eval()
     build.save_checkpoint(model, processor, out)
     print(f"saved {out} after {time.time() - started:.0f}s")
@@ -312,7 +316,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--stop-after", type=int, default=None, help="cut the joint stage short, no polish")
     parser.add_argument("--examples", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
