@@ -327,7 +327,7 @@ def bundled_is_random() -> bool:
 
 
 def load_bundled(quantize: str = "none") -> tuple[Any, Any]:
-    from services.model.loading import load_model
+    from services.vlm.loading import load_model
 
     return load_model(bundled_model_path(), quantize, "cpu")
 

@@ -35,7 +35,7 @@ from bench.engine_workloads import (
     user,
 )
 from services.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
-from services.model.quantization import model_size_bytes, quantize_model
+from services.vlm.quantization import model_size_bytes, quantize_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGE_SIZE = (128, 128)  # the cache sections' image size (vlmq-tiny squares any picture: 9 tokens)

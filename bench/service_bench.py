@@ -208,10 +208,11 @@ def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[
     import services  # noqa: F401  (registers the processor)
     from services.adapter.requests import build_request, image_input
     from services.engine import Engine, EngineConfig
+    from services.vlm.image_processor import ImageProcessorHandle
     from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
     from shared.tensors import pack_tensors, unpack_tensors
-    from worker.imaging import ImageProcessorHandle, decode_image
+    from worker.imaging import decode_image
 
     torch.set_num_threads(threads)
     engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))

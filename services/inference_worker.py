@@ -19,8 +19,8 @@ import redis
 
 from services.adapter.runner import InferenceWorker
 from services.engine import Engine, EngineConfig
+from services.vlm.image_processor import processor_id
 from shared.config import InferenceSettings, get_inference_settings
-from worker.imaging import processor_id
 
 log = logging.getLogger("services.inference_worker")
 
@@ -64,7 +64,7 @@ def image_processor(engine: Engine, model_path: str) -> object:
     found = getattr(engine, "image_processor", None)
     if found is not None:
         return found
-    from services.model.loading import load_image_processor
+    from services.vlm.loading import load_image_processor
 
     return load_image_processor(model_path)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import Glm4vConfig, Glm4vForConditionalGeneration, PreTrainedTokenizerFast
 
-from services.model.registration import VlmqGlm4vImageProcessor, VlmqGlm4vProcessor
+from services.vlm.registration import VlmqGlm4vImageProcessor, VlmqGlm4vProcessor
 from tinyvlm import tokenizer as tk
 
 # One image token per cell of the pictures' 3x3 grid: every picture is resized to a 168-px square

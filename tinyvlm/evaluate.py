@@ -4,7 +4,7 @@
     python -m tinyvlm.evaluate --model runs/vlmq-tiny --modes none int8 --json runs/eval.json
 
 Multi-turn conversations use the model's own earlier answers as history, like a real client.
-Every mode answers the same images; the modes are loaded with ``services.model.loading``
+Every mode answers the same images; the modes are loaded with ``services.vlm.loading``
 (the engine's quantization module).
 """
 
@@ -19,8 +19,8 @@ import torch
 from tqdm import tqdm
 
 import services  # noqa: F401  (registers the processor)
-from services.model.loading import load_model
-from services.model.quantization import model_size_bytes
+from services.vlm.loading import load_model
+from services.vlm.quantization import model_size_bytes
 from tinyvlm import data, evalsets
 from tinyvlm.evalsets import EvalSet, Item
 from tinyvlm.questions import Turn

@@ -1,20 +1,16 @@
-"""Safe image decoding and the model's image processor.
+"""Safe image decoding: bytes -> an RGB picture the image processor can take.
 
 ``decode_image`` refuses anything outside the allowlist, refuses decompression bombs from the
 header (before pixels are allocated), decodes big JPEGs at reduced scale (draft mode: the DCT
 skips the detail the processor would throw away anyway), applies the EXIF orientation and
-returns RGB. ``ImageProcessorHandle`` loads the checkpoint's image processor once per process.
+returns RGB. The image processor itself is ``services.vlm.image_processor``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -86,38 +82,3 @@ def draft_size(size: tuple[int, int], target_pixels: int) -> tuple[int, int]:
     width, height = size
     scale = min(1.0, DRAFT_OVERSAMPLE * math.sqrt(target_pixels / (width * height)))
     return max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
-
-
-@dataclass
-class ImageProcessorHandle:
-    """The checkpoint's image processor, its id (hash of its config) and its pixel budget."""
-
-    processor: Any
-    processor_id: str
-    target_pixels: int | None
-
-    @classmethod
-    def load(cls, model_path: str) -> ImageProcessorHandle:
-        from services.model.loading import load_image_processor  # transformers: worker processes only
-
-        processor = load_image_processor(model_path)
-        return cls(processor, processor_id(processor), target_pixels(processor))
-
-    def __call__(self, img: Image.Image) -> dict[str, Any]:
-        out = self.processor(images=[img], return_tensors="pt")
-        return {k: v for k, v in out.items() if hasattr(v, "dtype")}
-
-
-def processor_id(processor: Any) -> str:
-    """Short hash of the processor config: tensors made by another config never get reused."""
-    config = json.loads(processor.to_json_string())
-    config.pop("processor_class", None)
-    blob = json.dumps(config, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def target_pixels(processor: Any) -> int | None:
-    """Largest image the processor keeps (Qwen2-VL/GLM-4V: ``size.longest_edge`` is max pixels)."""
-    size = getattr(processor, "size", None) or {}
-    value = size.get("longest_edge") or size.get("max_pixels") or getattr(processor, "max_pixels", None)
-    return int(value) if value else None

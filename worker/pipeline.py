@@ -15,13 +15,14 @@ from typing import Any
 
 import redis
 
+from services.vlm.image_processor import ImageProcessorHandle
 from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
 from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, pipe_script, status_args
 from shared.keys import Keys
 from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus
 from shared.tensors import pack_tensors
-from worker.imaging import ImageProcessorHandle, ImageRejected, decode_image
+from worker.imaging import ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,11 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import get_decode_worker_settings
 from shared.schemas import ErrorCode
 from worker.celery_app import DECODE_TASK, app
-from worker.imaging import ImageProcessorHandle, configure_pillow
+from worker.imaging import configure_pillow
 from worker.pipeline import DecodeOutcome, DecodePipeline
 
 log = logging.getLogger(__name__)

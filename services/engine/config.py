@@ -10,7 +10,7 @@ MIB = 1024 * 1024
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str = "models/vlmq-tiny"
-    quantize: str = "none"  # none|bf16|int8|int4 (services.model.quantization)
+    quantize: str = "none"  # none|bf16|int8|int4 (services.vlm.quantization)
     device: str = "auto"  # auto|cpu|cuda
     max_batch: int | None = None  # None: 8 on CPU; on CUDA derived from free memory
     batch_window_ms: float = 10.0  # admission window; never delays a lone request on an idle engine

@@ -57,7 +57,7 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, config: EngineConfig) -> Engine:
-        from services.model.loading import load_model
+        from services.vlm.loading import load_model
 
         device = config.device
         if device == "auto":

@@ -11,6 +11,7 @@ import pytest
 from services.adapter.requests import build_request
 from services.adapter.store import JobStore
 from services.engine import Engine
+from services.vlm.image_processor import ImageProcessorHandle
 from shared import result_cache
 from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP
@@ -18,7 +19,6 @@ from shared.schemas import JobEvent, JobSpec, JobStatus
 from shared.sessions import load_messages
 from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
-from worker.imaging import ImageProcessorHandle
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import services  # noqa: F401  (registers the processor, as every client does)
-from services.model.loading import load_model
+from services.vlm.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "vlmq-tiny"

@@ -5,7 +5,7 @@ from pathlib import Path
 from PIL import Image
 from transformers import AutoProcessor
 
-from services.model.registration import VlmqGlm4vProcessor
+from services.vlm.registration import VlmqGlm4vProcessor
 from tinyvlm.vocab import DEFAULT_SYSTEM_PROMPT
 
 TURNS = [

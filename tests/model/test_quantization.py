@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.model.quantization import Int8Linear, QuantizeMode, mode_from_env, model_size_bytes
+from services.vlm.quantization import Int8Linear, QuantizeMode, mode_from_env, model_size_bytes
 
 
 def test_int8_linear_is_close_and_batch_independent() -> None:

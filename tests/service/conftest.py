@@ -14,12 +14,13 @@ import pytest
 
 from services.adapter.requests import build_request, image_input
 from services.engine import Engine, EngineConfig
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobSpec
 from shared.tensors import pack_tensors, unpack_tensors
 from tests.support.models import test_model_path
 from tests.support.stack import ServiceStack
-from worker.imaging import ImageProcessorHandle, decode_image
+from worker.imaging import decode_image
 
 TERMINAL = {"done", "failed", "cancelled", "expired"}
 

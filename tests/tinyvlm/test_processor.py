@@ -8,7 +8,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoProcessor
 
 import services  # noqa: F401  (registers the processor classes, as every client does)
-from services.model.registration import VlmqGlm4vImageProcessor, VlmqGlm4vProcessor
+from services.vlm.registration import VlmqGlm4vImageProcessor, VlmqGlm4vProcessor
 from tinyvlm import build
 
 SIZES = [(96, 96), (300, 200), (190, 96), (1024, 1024), (2000, 1500), (97, 1003)]

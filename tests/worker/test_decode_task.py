@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobStatus
 from shared.tensors import unpack_tensors
@@ -23,7 +24,7 @@ from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 from tests.worker.images import bad_images, good_images
 from worker.celery_app import DECODE_TASK, make_app
-from worker.imaging import ImageProcessorHandle, configure_pillow, decode_image
+from worker.imaging import configure_pillow, decode_image
 
 pytestmark = pytest.mark.slow
 

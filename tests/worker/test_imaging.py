@@ -8,9 +8,10 @@ import time
 import pytest
 from PIL import Image
 
+from services.vlm.image_processor import ImageProcessorHandle
 from tests.support.models import random_model_path
 from tests.worker.images import bad_images, good_images
-from worker.imaging import ImageProcessorHandle, ImageRejected, configure_pillow, decode_image, draft_size
+from worker.imaging import ImageRejected, configure_pillow, decode_image, draft_size
 
 MAX_PIXELS = 40_000_000
 TARGET = 32768  # the bundled processor's max pixels
@@ -79,6 +80,6 @@ def test_processor_id_is_stable_and_config_sensitive() -> None:
     b = ImageProcessorHandle.load(str(random_model_path()))
     assert a.processor_id == b.processor_id and len(a.processor_id) == 16
     a.processor.patch_size = 16
-    from worker.imaging import processor_id
+    from services.vlm.image_processor import processor_id
 
     assert processor_id(a.processor) != b.processor_id

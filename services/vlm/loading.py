@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, PreTrainedModel
 
-from services.model import registration as _registration  # noqa: F401  (processor lookup by name)
-from services.model.quantization import QuantizeMode, quantize_model
+from services.vlm import registration as _registration  # noqa: F401  (processor lookup by name)
+from services.vlm.quantization import QuantizeMode, quantize_model
 
 # Never reach for the Hub: every checkpoint this service loads is a local directory.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,1 @@
+"""The model side both workers share: loading, quantization, processor registration, image processor."""
