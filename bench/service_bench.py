@@ -206,8 +206,8 @@ def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[
     import torch
 
     import services  # noqa: F401  (registers the processor)
-    from services.adapter.requests import build_request, image_input
     from services.engine import Engine, EngineConfig
+    from services.inference_worker.engine_request import build_request, image_input
     from services.vlm.image_processor import ImageProcessorHandle
     from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec

@@ -1,11 +1,12 @@
 """Enqueues ``vlmq.decode(job_id)`` for the decode workers, straight from the event loop.
 
 The message is the one Celery's ``send_task`` would publish (task protocol 2, JSON, in kombu's
-Redis-transport envelope), built with the decode workers' own Celery app (``as_task_v2``), and
-pushed with the gateway's asyncio Redis client: no broker connection of Celery's own, no thread
-hop, and it can share a round trip (MULTI) with the gateway's other writes. What kombu's Redis
-transport does on publish, and so what this does: ``LPUSH <global_keyprefix><queue> <envelope>``
-(the default exchange ``""`` routes by queue name; priority 0 is the queue's own list).
+Redis-transport envelope), built (``as_task_v2``) with a Celery app configured as the decode
+workers' (``shared.decode_task``), and pushed with the gateway's asyncio Redis client: no broker
+connection of Celery's own, no thread hop, and it can share a round trip (MULTI) with the
+gateway's other writes. What kombu's Redis transport does on publish, and so what this does:
+``LPUSH <global_keyprefix><queue> <envelope>`` (the default exchange ``""`` routes by queue name;
+priority 0 is the queue's own list).
 ``tests/gateway/test_decode_queue.py`` checks the envelope against a real ``send_task``.
 
 One difference from ``send_task``: no ``task-sent`` monitoring event is published (the worker's
@@ -23,7 +24,7 @@ from celery import Celery
 from kombu.serialization import dumps
 
 from shared.config import DecodeWorkerSettings, GatewaySettings
-from worker.celery_app import DECODE_QUEUE, DECODE_TASK, make_app
+from shared.decode_task import DECODE_QUEUE, DECODE_TASK, make_celery_app
 
 
 def _worker_settings(settings: GatewaySettings) -> DecodeWorkerSettings:
@@ -37,7 +38,7 @@ def _worker_settings(settings: GatewaySettings) -> DecodeWorkerSettings:
 class DecodeQueue:
     def __init__(self, settings: GatewaySettings) -> None:
         worker_settings = _worker_settings(settings)
-        self.app: Celery = make_app(worker_settings)
+        self.app: Celery = make_celery_app(worker_settings)
         self.key = worker_settings.keys.decode_queue()  # global_keyprefix + queue name
 
     def message(self, job_id: str, task_id: str | None = None) -> str:

@@ -99,6 +99,11 @@ class InferenceSettings(CommonSettings):
         description="On SIGTERM, how long in-flight jobs may finish before release (keep < claim idle)",
     )
     result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (written on done)")
+    gil_switch_interval_s: float = Field(
+        0.0005,
+        description="Python GIL switch interval: I/O threads (event writer, stream reader) wait at most "
+        "this long for the engine thread (Python's default 5 ms delayed each token event)",
+    )
 
 
 @lru_cache

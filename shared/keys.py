@@ -56,10 +56,10 @@ class Keys:
         """List holding waiting ``vlmq.decode`` tasks (Celery queue ``decode``): LLEN = decode depth."""
         return f"{self.celery_prefix()}decode"
 
-    # --- sessions and results ---
-    def session(self, session_id: str) -> str:
-        """Hash: the conversation (messages JSON, image digest, worker affinity)."""
-        return f"{self.prefix}:session:{session_id}"
+    # --- conversations and results ---
+    def conversation(self, conversation_id: str) -> str:
+        """Hash: a stored conversation (messages JSON, image digest); the API calls its id session_id."""
+        return f"{self.prefix}:conversation:{conversation_id}"
 
     def result_cache(self, request_hash: str) -> str:
         return f"{self.prefix}:result:{request_hash}"

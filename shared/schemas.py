@@ -45,7 +45,7 @@ class SamplingSpec(BaseModel):
 
 
 class ChatTurn(BaseModel):
-    """One message of a conversation; ``image`` marks the turn that carries the session image."""
+    """One message of a conversation; ``image`` marks the turn that carries the conversation's image."""
 
     role: Literal["system", "user", "assistant"]
     text: str
@@ -62,10 +62,11 @@ class JobSpec(BaseModel):
     image_format: str | None = None
     messages: list[ChatTurn]
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    session_id: str | None = None
+    conversation_id: str | None = None  # the stored conversation this turn is recorded in (None: none)
+    affinity_key: str | None = None  # names the engine's session KV kept between a client's turns
     use_cache: bool = True  # False bypasses engine caches (exactness tests, benchmarks)
     cancel_on_disconnect: bool = False
-    source: Literal["jobs", "ws", "openai"] = "jobs"
+    source: Literal["jobs", "ws", "openai"] = "jobs"  # the route it came by (a metrics label)
 
 
 class StageTimings(BaseModel):

@@ -1,16 +1,7 @@
-"""The Celery app of the decode workers (and of whoever enqueues decode tasks).
+"""The Celery app of the decode workers: ``celery -A worker.celery_app worker -Q decode``.
 
-Importing this module is cheap (celery + settings only): the gateway imports it to send
-``vlmq.decode``; the task module (``worker.tasks``, Pillow + image processor) is imported
-only by worker processes through ``include``.
-
-Reliability settings, why each:
-- JSON only, never pickle: a message can't execute code in a worker.
-- ``task_acks_late`` + ``task_reject_on_worker_lost``: a task whose process dies (SIGKILL,
-  OOM on a bomb) goes back to the queue instead of vanishing.
-- ``worker_prefetch_multiplier=1``: a busy child doesn't sit on tasks others could run.
-- ``visibility_timeout``: an unacked task (its worker gone) is redelivered after that long.
-- task events on, so Flower shows every task.
+Its configuration is ``shared.decode_task`` (the gateway enqueues with the same one); this app
+adds the task module, imported by worker processes only (Pillow + image processor).
 """
 
 from __future__ import annotations
@@ -18,39 +9,11 @@ from __future__ import annotations
 from celery import Celery
 
 from shared.config import DecodeWorkerSettings, get_decode_worker_settings
-
-DECODE_TASK = "vlmq.decode"
-DECODE_QUEUE = "decode"
+from shared.decode_task import make_celery_app
 
 
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
-    settings = settings or get_decode_worker_settings()
-    app = Celery("vlmq", broker=settings.redis_url, include=["worker.tasks"])
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        event_serializer="json",
-        task_ignore_result=True,  # results live in the job hash, not in a Celery backend
-        result_backend=None,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=1,
-        worker_max_tasks_per_child=1000,  # bounds any slow leak in image libraries
-        worker_send_task_events=True,
-        task_send_sent_event=True,
-        task_default_queue=DECODE_QUEUE,
-        task_routes={DECODE_TASK: {"queue": DECODE_QUEUE}},
-        task_time_limit=120,
-        task_soft_time_limit=90,
-        broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": settings.keys.celery_prefix(),  # queue list: keys.decode_queue()
-        },
-    )
-    return app
+    return make_celery_app(settings or get_decode_worker_settings(), include=["worker.tasks"])
 
 
 app = make_app()

@@ -1,9 +1,9 @@
 """One decode job against Redis: the steps of docs/service-contract.md §2, no Celery in here.
 
 ``DecodePipeline.run(job_id)`` returns what happened ("waiting", "failed", ...); it writes the
-job's state only through shared/jobs.py's Lua scripts, plus ``HANDOFF_LUA`` below, which moves
-the job to ``waiting`` and enqueues it for inference atomically (a worker killed between the
-two steps must not leave a job waiting with no stream entry, nor enqueue it twice).
+job's state only through the scripts of ``shared.jobs``; ``HANDOFF_LUA`` moves the job to
+``waiting`` and enqueues it for inference atomically (a worker killed between the two steps must
+not leave a job waiting with no stream entry, nor enqueue it twice).
 """
 
 from __future__ import annotations
@@ -18,33 +18,25 @@ import redis
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, pipe_script, status_args
+from shared.jobs import (
+    FINISH_LUA,
+    HANDOFF_LUA,
+    SET_STATUS_LUA,
+    TENSOR_OR_IMAGE_LUA,
+    JobRecord,
+    finish_call,
+    job_keys,
+    pipe_script,
+    refusal,
+    status_args,
+    terminal_event,
+)
 from shared.keys import Keys
-from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus
+from shared.schemas import ErrorCode, JobStatus
 from shared.tensors import pack_tensors
 from worker.imaging import ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
-
-# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA (6 values), then job_id.
-# Only from queued/decoding: a redelivered task whose job is already handed over does nothing.
-HANDOFF_LUA = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' and status ~= 'decoding' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
-local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-redis.call('PUBLISH', KEYS[3], id)
-redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[7])
-return 1
-"""
-
-# KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the
-# image bytes (nil: expired). One round trip either way, and no image transfer on a cache hit.
-TENSOR_OR_IMAGE_LUA = """
-if redis.call('EXPIRE', KEYS[1], ARGV[1]) == 1 then return 1 end
-return redis.call('GET', KEYS[2])
-"""
 
 HANDED_OVER = frozenset({JobStatus.WAITING, JobStatus.GENERATING})
 
@@ -115,16 +107,11 @@ class DecodePipeline:
     # --- steps ---
     def _stop_reason(self, job: JobRecord, cancelled: bool) -> DecodeOutcome | None:
         """Cancelled by the client or past its deadline: finish now, never decode."""
-        job_id = job.spec.job_id
-        if cancelled:
-            self._finish_status(job_id, JobStatus.CANCELLED, None, ErrorCode.CANCELLED)
-            return DecodeOutcome("cancelled")
-        if job.spec.deadline is not None and time.time() > job.spec.deadline:
-            self._finish_status(
-                job_id, JobStatus.EXPIRED, "deadline passed before decoding", ErrorCode.EXPIRED
-            )
-            return DecodeOutcome("expired")
-        return None
+        refused = refusal(job.spec, cancelled, before="decoding")
+        if refused is None:
+            return None
+        self._finish_status(job.spec.job_id, refused.status, refused.error, refused.code)
+        return DecodeOutcome(refused.status.value)
 
     def decode_bytes(self, data: bytes) -> dict[str, Any]:
         img = decode_image(
@@ -157,11 +144,9 @@ class DecodePipeline:
         return DecodeOutcome("failed", reason)
 
     def _finish_status(self, job_id: str, status: JobStatus, error: str | None, code: ErrorCode) -> None:
-        kind: EventType = "error" if status is JobStatus.FAILED else "status"
-        reason = "error" if kind == "error" else status.value
-        event = JobEvent(type=kind, status=status, finish_reason=reason, error=error, error_code=code)
-        args = finish_args(event, status, time.time(), self._ttl)
-        if self._finish(keys=self._job_keys(job_id), args=args) == 1:
+        event = terminal_event(status, code, error)
+        keys, args = finish_call(self.keys, job_id, event, status, self._ttl)
+        if self._finish(keys=keys, args=args) == 1:
             metrics_hash.inc(self.r, self.keys.metrics_counters(), "jobs_total", outcome=status.value)
 
     # --- helpers ---

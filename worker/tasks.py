@@ -15,8 +15,9 @@ from celery.signals import worker_process_init
 
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import get_decode_worker_settings
+from shared.decode_task import DECODE_TASK
 from shared.schemas import ErrorCode
-from worker.celery_app import DECODE_TASK, app
+from worker.celery_app import app
 from worker.imaging import configure_pillow
 from worker.pipeline import DecodeOutcome, DecodePipeline
 

@@ -21,30 +21,16 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from gateway.accept import submit
 from gateway.deps import StateDep
 from gateway.errors import APIError
-from gateway.images import decode_base64_image_async
-from gateway.jobs import cancel_job
-from gateway.params import parse_params
+from gateway.intake import from_ws_message
+from gateway.job_records import cancel_job
+from gateway.listeners import job_events, ws_send_events
 from gateway.state import GatewayState
-from gateway.streaming import job_events, ws_send_events
-from gateway.submission import Accepted, commit_job, prepare_job
 
 router = APIRouter(tags=["chat"])
 MAX_PENDING = 16  # submissions queued behind the streaming one
-
-
-async def _submit(state: GatewayState, message: dict[str, Any]) -> Accepted:
-    raw = {k: v for k, v in message.items() if k != "type"}
-    raw.setdefault("cancel_on_disconnect", True)  # page closed: stop generating for nobody
-    no_cache = raw.pop("no_cache", False) is True  # the WebSocket's "Cache-Control: no-cache"
-    image = raw.pop("image", None)
-    if image is not None and not isinstance(image, str):
-        raise APIError(400, "image: expected a data: URL or base64 string", param="image")
-    data = await decode_base64_image_async(image, state.settings.max_image_bytes) if image else None
-    params = parse_params(raw)
-    prepared = await prepare_job(state, params, data, source="ws")
-    return await commit_job(state, prepared, use_result_cache=not no_cache)
 
 
 def _error(exc: APIError) -> dict[str, Any]:
@@ -121,7 +107,7 @@ async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
         while (message := await conn.next_job(reader)) is not None:
             try:
                 state.check_stream_slot()
-                accepted = await _submit(state, message)
+                accepted = await submit(state, await from_ws_message(message, state.settings))
             except APIError as exc:
                 await websocket.send_json(_error(exc))
                 continue
@@ -131,7 +117,7 @@ async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
                 {
                     "type": "accepted",
                     "id": spec.job_id,
-                    "session_id": spec.session_id,
+                    "session_id": spec.conversation_id,
                     "status": accepted.status.value,
                     "result_cached": accepted.cached is not None,
                 }

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from gateway.accept import Accepted, cache_headers, submit
 from gateway.deps import NoCacheDep, StateDep
-from gateway.forms import read_submission
-from gateway.jobs import cancel_job, job_view
-from gateway.submission import Accepted, cache_headers, commit_job, prepare_job
+from gateway.intake import from_http
+from gateway.job_records import cancel_job, job_view
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -31,7 +31,7 @@ def accepted_body(request: Request, accepted: Accepted) -> dict[str, Any]:
         "id": spec.job_id,
         "object": "job",
         "status": accepted.status.value,
-        "session_id": spec.session_id,
+        "session_id": spec.conversation_id,
         **job_urls(request, spec.job_id),
         "result_cached": accepted.cached is not None,
     }
@@ -47,10 +47,9 @@ def accepted_body(request: Request, accepted: Accepted) -> dict[str, Any]:
 @router.post("", status_code=202)
 async def submit_job(request: Request, state: StateDep, no_cache: NoCacheDep) -> JSONResponse:
     """Multipart (file in ``image``) or JSON (``image`` as base64 / data URL) -> 202 + URLs."""
-    params, image = await read_submission(request, state.settings)
+    submission = await from_http(request, state.settings, no_cache)
     with state.metrics.submit_seconds.time():
-        prepared = await prepare_job(state, params, image, source="jobs")
-        accepted = await commit_job(state, prepared, use_result_cache=not no_cache)
+        accepted = await submit(state, submission)
     body = accepted_body(request, accepted)
     headers = {
         **cache_headers(accepted, no_cache, state.settings.result_cache_ttl_s),

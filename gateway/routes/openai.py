@@ -18,22 +18,17 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from gateway.accept import Accepted, cache_headers, submit
 from gateway.deps import NoCacheDep, StateDep
 from gateway.errors import APIError, error_body
-from gateway.events import is_terminal
-from gateway.jobs import cancel_job, load_record
-from gateway.openai_compat import (
-    ChatCompletionRequest,
-    chunk_json,
-    completion_json,
-    prepare_openai_job,
-    usage_json,
-)
-from gateway.params import SESSION_ID_PATTERN
-from gateway.routes.stream import SHUTDOWN_GRACE_S
+from gateway.event_reader import is_terminal
+from gateway.intake import from_openai
+from gateway.job_records import cancel_job, load_record
+from gateway.listeners import job_events
+from gateway.openai_schema import ChatCompletionRequest, chunk_json, completion_json, usage_json
+from gateway.request_params import ID_PATTERN
+from gateway.routes.job_streams import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
-from gateway.streaming import job_events
-from gateway.submission import Accepted, cache_headers, commit_job
 from shared.jobs import JobRecord
 from shared.schemas import ErrorCode, JobStatus
 
@@ -70,14 +65,14 @@ async def chat_completions(
     request: Request,
     state: StateDep,
     no_cache: NoCacheDep,
-    x_session_id: Annotated[str | None, Header(pattern=SESSION_ID_PATTERN)] = None,
+    x_session_id: Annotated[str | None, Header(pattern=ID_PATTERN)] = None,
 ) -> JSONResponse | EventSourceResponse:
     state.check_stream_slot()  # even a non-streaming answer waits on the job's event stream
-    prepared = await prepare_openai_job(body, state.settings, x_session_id)
-    accepted = await commit_job(state, prepared, use_result_cache=not no_cache)
+    with state.metrics.submit_seconds.time():
+        accepted = await submit(state, await from_openai(body, state.settings, x_session_id, no_cache))
     headers = {
         "X-VLMQ-Job-Id": accepted.spec.job_id,
-        "X-Session-Id": accepted.spec.session_id or "",
+        "X-Session-Id": accepted.spec.affinity_key or "",
         **cache_headers(accepted, no_cache, state.settings.result_cache_ttl_s),
     }
     if body.stream:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from services.engine.adapter import ModelAdapter, auto_max_batch
 from services.engine.api import FinishReason, GenerationRequest, RequestRejected, Timings, TokenEvent, Usage
+from services.engine.architectures import ModelAdapter, auto_max_batch
 from services.engine.caches import ImageCache, PrefixCache, SessionCache
 from services.engine.config import EngineConfig
 from services.engine.detok import Detokenizer

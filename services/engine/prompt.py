@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from services.engine.adapter import ModelAdapter
 from services.engine.api import GenerationRequest, RequestRejected, SamplingParams
+from services.engine.architectures import ModelAdapter
 from services.engine.config import EngineConfig
 from services.engine.sequence import ImageSpan, Prompt
 

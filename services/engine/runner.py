@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.adapter import ModelAdapter
 from services.engine.api import ImageInput
+from services.engine.architectures import ModelAdapter
 from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
 from services.engine.kv import BatchKV, cache_layers, stack_left
 from services.engine.sequence import Prompt, Sequence

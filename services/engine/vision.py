@@ -18,8 +18,8 @@ import threading
 
 import torch
 
-from services.engine.adapter import ModelAdapter
 from services.engine.api import ImageInput
+from services.engine.architectures import ModelAdapter
 from services.engine.caches import ImageCache
 from services.engine.sequence import Sequence, Status
 

@@ -11,7 +11,7 @@ import redis
 
 from gateway.decode_queue import DecodeQueue
 from shared.config import GatewaySettings
-from worker.celery_app import DECODE_QUEUE, DECODE_TASK
+from shared.decode_task import DECODE_QUEUE, DECODE_TASK
 
 IDS = ("id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin")
 

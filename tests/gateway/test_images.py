@@ -11,7 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-from gateway.images import INLINE_LIMIT, decode_base64_image_async, inspect_image_async
+from gateway.image_checks import INLINE_LIMIT, decode_base64_image_async, inspect_image_async
 
 
 def noise_png(side: int) -> bytes:

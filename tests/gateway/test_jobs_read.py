@@ -143,5 +143,5 @@ async def test_session_delete(client: httpx.AsyncClient, gateway: ServiceStack, 
     got = (await client.get(f"/v1/sessions/{sid}")).json()
     assert got["id"] == sid and got["turns"] == [] and got["image_format"] == "JPEG"
     assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
-    assert not r.exists(gateway.keys.session(sid))
+    assert not r.exists(gateway.keys.conversation(sid))
     assert (await client.get(f"/v1/sessions/{sid}")).status_code == 404

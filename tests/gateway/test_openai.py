@@ -112,7 +112,7 @@ async def test_history_and_session_affinity(
         extra_headers={"X-Session-Id": "conv-7", "Cache-Control": "no-cache"},
     )
     spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.id.removeprefix("chatcmpl-")))).spec
-    assert spec.session_id == "conv-7"
+    assert spec.affinity_key == "conv-7" and spec.conversation_id is None
     assert [(t.role, t.text, t.image) for t in spec.messages] == [
         ("system", "Answer briefly.", False),
         ("user", "What shape?", True),
@@ -126,7 +126,7 @@ async def test_history_and_session_affinity(
         extra_headers={"Cache-Control": "no-cache"},
     )
     spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.id.removeprefix("chatcmpl-")))).spec
-    assert spec.session_id == "user-session-9"
+    assert spec.affinity_key == "user-session-9" and spec.conversation_id is None
 
 
 @pytest.mark.parametrize(

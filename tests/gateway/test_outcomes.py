@@ -151,7 +151,7 @@ async def test_failed_enqueue_leaves_the_session_alone_and_fails_the_job(
         first = await submit(client, session_id="keep-me", system="Be brief.")
         spec_first = _spec(r, gw, first["id"])
         assert record_turn(r, gw.keys, spec_first, "Red.")
-        session_before = r.hgetall(gw.keys.session("keep-me"))
+        session_before = r.hgetall(gw.keys.conversation("keep-me"))
         r.execute_command("ACL", "SETUSER", "default", "-lpush")  # the broker refuses every send
         other = image_bytes("JPEG", (50, 50), seed=52)  # a new image would restart the session
         files = {"image": ("b.jpg", other, "image/jpeg")}
@@ -162,7 +162,7 @@ async def test_failed_enqueue_leaves_the_session_alone_and_fails_the_job(
         finally:
             r.execute_command("ACL", "SETUSER", "default", "+lpush")
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "queue_unavailable"
-    assert r.hgetall(gw.keys.session("keep-me")) == session_before
+    assert r.hgetall(gw.keys.conversation("keep-me")) == session_before
     jobs = [k for k in r.scan_iter(match=f"{gw.key_prefix}:job:*", _type="hash")]
     failed = [k for k in jobs if r.hget(k, "status") == b"failed"]
     assert len(failed) == 1 and r.hget(failed[0], "error_code") == b"queue_unavailable"

@@ -48,7 +48,7 @@ async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceSt
     assert first.status_code == 202 and first.json()["status"] == "queued"
     assert first.headers["x-vlmq-result-cache"] == "miss" and first.headers["cache-control"] == "no-store"
     seed_cache_from(r, gateway, first.json()["id"], "Green.")
-    r.delete(gateway.keys.session("rc-1"))  # same spec again: a fresh session about the same image
+    r.delete(gateway.keys.conversation("rc-1"))  # same spec again: a fresh session about the same image
 
     tasks_before = len(decode_tasks(r, gateway.key_prefix))
     done_field = metrics_hash.series("jobs_total", outcome="done")
@@ -65,7 +65,7 @@ async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceSt
     turns = (await client.get("/v1/sessions/rc-1")).json()["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] and turns[-1]["text"] == "Green."
 
-    r.delete(gateway.keys.session("rc-1"))
+    r.delete(gateway.keys.conversation("rc-1"))
     bypass = await post(client, headers={"Cache-Control": "no-cache"})
     assert bypass.json()["status"] == "queued" and bypass.headers["x-vlmq-result-cache"] == "bypass"
 

@@ -54,7 +54,7 @@ async def test_multipart_job_is_accepted_and_stored(
     events: Any = r.xrange(keys.job_events(job_id))
     assert [JobEvent.from_fields(f).status for _, f in events] == [JobStatus.QUEUED]
     assert job_id in decode_tasks(r, gateway.key_prefix)
-    session: Any = r.hgetall(keys.session(body["session_id"]))
+    session: Any = r.hgetall(keys.conversation(body["session_id"]))
     assert session[b"image_digest"].decode() == digest
 
 
@@ -100,7 +100,7 @@ async def test_session_turn_without_image_uses_session_image(
     assert resp.status_code == 202, resp.text
     assert resp.json()["session_id"] == sid
     spec2 = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.json()["id"]))).spec
-    assert spec2.image_digest == spec1.image_digest and spec2.session_id == sid
+    assert spec2.image_digest == spec1.image_digest and spec2.conversation_id == sid
     assert [(t.role, t.text, t.image) for t in spec2.messages] == [
         ("system", "Be brief.", False),
         ("user", "What colour is the square?", True),
@@ -116,8 +116,8 @@ async def test_named_session_is_created(
 ) -> None:
     resp = await submit(client, prompt="Hi", session_id="my-session-1")
     assert resp.status_code == 202 and resp.json()["session_id"] == "my-session-1"
-    assert r.exists(gateway.keys.session("my-session-1"))
-    assert 0 < r.ttl(gateway.keys.session("my-session-1")) <= gateway.settings.session_ttl_s
+    assert r.exists(gateway.keys.conversation("my-session-1"))
+    assert 0 < r.ttl(gateway.keys.conversation("my-session-1")) <= gateway.settings.session_ttl_s
 
 
 async def test_authorization_header_is_harmless(client: httpx.AsyncClient) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from shared import sessions
+from shared import conversations
 from shared.jobs import EVENTS_MAXLEN, FINISH_LUA, SET_STATUS_LUA, finish_args, job_keys, status_args
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobSpec, JobStatus, StageTimings, UsageInfo
@@ -74,7 +74,7 @@ def finish_failed(r: redis.Redis, keys: Keys, job_id: str, error: str, code: str
 def record_turn(r: redis.Redis, keys: Keys, spec: JobSpec, answer: str) -> bool:
     """What the inference worker does on done: compare-and-append the turn to the session."""
     pipe = r.pipeline()
-    sessions.record_turn(pipe, keys, spec, answer, 600)
+    conversations.record_turn(pipe, keys, spec, answer, 600)
     return bool(pipe.execute()[0])
 
 

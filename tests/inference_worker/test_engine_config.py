@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from services.inference_worker import engine_config
+from services.inference_worker.engine_setup import engine_config
 from shared.config import InferenceSettings
 
 

@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from services.adapter.requests import build_request
-from services.adapter.store import JobStore
 from services.engine import Engine
+from services.inference_worker.engine_request import build_request
+from services.inference_worker.job_store import JobStore
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import result_cache
+from shared.conversations import load_messages
 from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP
-from shared.schemas import JobEvent, JobSpec, JobStatus
-from shared.sessions import load_messages
+from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus
 from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 
@@ -27,9 +27,9 @@ def submit(stack: ServiceStack, max_tokens: int = 8, seed: int = 0, **kwargs: ob
     data = J.image_bytes("JPEG", (320, 240), seed=seed)
     spec = J.make_spec(digest=J.store_image(stack.redis, stack.keys, data), max_tokens=max_tokens, **kwargs)  # type: ignore[arg-type]
     J.create_job(stack.redis, stack.keys, spec)
-    if spec.session_id:  # the gateway creates the session before the job runs
+    if spec.conversation_id:  # the gateway creates the session before the job runs
         fields = {"image_digest": spec.image_digest or "", "messages": "[]"}
-        stack.redis.hset(stack.keys.session(spec.session_id), mapping=fields)
+        stack.redis.hset(stack.keys.conversation(spec.conversation_id), mapping=fields)
     stack.enqueue_decode(spec.job_id)
     return spec
 
@@ -68,7 +68,7 @@ def assert_stream_is_whole(stack: ServiceStack, job_id: str) -> list[JobEvent]:
 def test_job_done_equals_engine_generate_sync(
     inference_stack: ServiceStack, reference_engine: Engine
 ) -> None:
-    spec = submit(inference_stack, max_tokens=16, session_id="s-" + J.uuid.uuid4().hex[:8])
+    spec = submit(inference_stack, max_tokens=16, conversation_id="s-" + J.uuid.uuid4().hex[:8])
     assert finished(inference_stack, spec.job_id) is JobStatus.DONE
     record = J.job(inference_stack.redis, inference_stack.keys, spec.job_id)
     text, ids = reference_text(inference_stack, reference_engine, spec)
@@ -86,8 +86,8 @@ def test_job_done_equals_engine_generate_sync(
     ]
     assert events[-1].type == "done" and events[-1].final_text == text
     # session turn and result cache written on done; stream entry acknowledged and removed
-    assert spec.session_id is not None
-    session = inference_stack.redis.hgetall(inference_stack.keys.session(spec.session_id))
+    assert spec.conversation_id is not None
+    session = inference_stack.redis.hgetall(inference_stack.keys.conversation(spec.conversation_id))
     turns = load_messages(session[b"messages"])
     assert [t.role for t in turns] == ["user", "assistant"] and turns[-1].text == text
     key = result_cache.cache_key(inference_stack.keys, inference_stack.settings.result_model_id, spec)
@@ -242,7 +242,7 @@ def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
     r, keys = inference_stack.redis, inference_stack.keys
     spec = submit(inference_stack, max_tokens=500, seed=10)
     wait_for(lambda: len(tokens(inference_stack, spec.job_id)) >= 3, 60, interval_s=0.005, what="tokens")
-    JobStore(r, keys, 3600, 900).cancel(spec.job_id, 1)
+    JobStore(r, keys, 3600, 900).end(spec.job_id, JobStatus.CANCELLED, ErrorCode.CANCELLED, None, 1)
     wait_for(lambda: _heartbeat(inference_stack)["inflight"] == 0, 5, what="run stopped")
     events = J.events(r, keys, spec.job_id)
     last = max(i for i, e in enumerate(events) if e.status is JobStatus.CANCELLED)

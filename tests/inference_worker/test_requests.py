@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from services.adapter.requests import build_request, chat_messages, image_input, sampling_params
+from services.inference_worker.engine_request import (
+    build_request,
+    chat_messages,
+    image_input,
+    sampling_params,
+)
 from shared.schemas import ChatTurn, SamplingSpec
 from tests.support.jobs import make_spec
 
@@ -23,7 +28,7 @@ def test_image_part_only_on_the_image_turn_and_no_invented_system_message() -> N
 
 
 def test_sampling_and_request_fields_carry_over() -> None:
-    spec = make_spec("hi", digest="d" * 64, deadline=123.0, session_id="s1", use_cache=False)
+    spec = make_spec("hi", digest="d" * 64, deadline=123.0, conversation_id="s1", use_cache=False)
     spec.sampling = SamplingSpec(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop=["\n"])
     tensors = {
         "pixel_values": torch.ones(4, 8, dtype=torch.float16),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.adapter.store import JobStore
+from services.inference_worker.job_store import JobStore
 from shared.keys import Keys
 from shared.schemas import JobStatus
 from tests.support import jobs as J

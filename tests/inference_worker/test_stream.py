@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.adapter.stream import StreamConsumer
+from services.inference_worker.stream_consumer import StreamConsumer
 from shared.keys import Keys
 
 

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import redis
 
-from services.adapter.finish import WriterConfig
-from services.adapter.run import JobRun
-from services.adapter.store import JobStore
-from services.adapter.stream import StreamConsumer
-from services.adapter.writer import EventWriter
 from services.engine.api import FinishReason, TokenEvent, Usage
+from services.inference_worker.after_finish import WriterConfig
+from services.inference_worker.event_writer import EventWriter
+from services.inference_worker.job_run import JobRun
+from services.inference_worker.job_store import JobStore
+from services.inference_worker.stream_consumer import StreamConsumer
 from shared import metrics_hash
+from shared.conversations import load_messages
 from shared.keys import INFERENCE_GROUP, Keys
 from shared.schemas import ChatTurn, JobSpec, JobStatus
-from shared.sessions import load_messages
 from tests.support import jobs as J
 
 
@@ -64,13 +64,12 @@ class Harness:
 
     def start_job(self, session: bool = True, attempt: int = 1) -> JobRun:
         spec = J.make_spec(
-            "Colour?", max_tokens=3, session_id="s-" + J.uuid.uuid4().hex[:6] if session else None
+            "Colour?", max_tokens=3, conversation_id="s-" + J.uuid.uuid4().hex[:6] if session else None
         )
         J.create_job(self.r, self.keys, spec)
         if session:
-            self.r.hset(
-                self.keys.session(str(spec.session_id)), mapping={"messages": "[]", "image_digest": ""}
-            )
+            key = self.keys.conversation(str(spec.conversation_id))
+            self.r.hset(key, mapping={"messages": "[]", "image_digest": ""})
         self.r.hset(self.keys.job(spec.job_id), mapping={"status": "waiting", "attempt": attempt})
         self.r.xadd(self.keys.inference_stream(), {"job_id": spec.job_id})
         (entry,) = self.consumer.read(1, 10)
@@ -101,7 +100,8 @@ def test_write_retried_after_a_lost_reply_publishes_everything_once(harness: Har
     assert record.status is JobStatus.DONE and record.text == "Red." and run.text == "Red."
     assert run.token_ids == [100, 101, 102]
     # the side effects of the attempt that wrote FINISH still ran, once
-    turns = load_messages(harness.r.hget(harness.keys.session(str(run.spec.session_id)), "messages"))
+    key = harness.keys.conversation(str(run.spec.conversation_id))
+    turns = load_messages(harness.r.hget(key, "messages"))
     assert [(t.role, t.text) for t in turns] == [("user", "Colour?"), ("assistant", "Red.")]
     done = metrics_hash.series("jobs_total", outcome="done")
     assert int(harness.r.hget(harness.keys.metrics_counters(), done)) == 1
@@ -159,31 +159,31 @@ def test_renew_never_takes_back_an_entry_another_worker_claimed(redis_client: An
 
 def test_session_turn_is_compare_and_append(redis_client: Any, keys: Keys) -> None:
     """Concurrent jobs on one history, a newer image, a deleted session, an OpenAI job."""
-    from shared.sessions import record_turn
+    from shared.conversations import record_turn
 
     def record(spec: JobSpec, answer: str) -> int:
         pipe = redis_client.pipeline()
         record_turn(pipe, keys, spec, answer, 600)
         return int((pipe.execute() or [0])[0])
 
-    sid, key = "sess-1", keys.session("sess-1")
+    sid, key = "sess-1", keys.conversation("sess-1")
     redis_client.hset(key, mapping={"image_digest": "d1", "messages": json.dumps([])})
-    a = J.make_spec("first?", "d1", session_id=sid)
-    b = J.make_spec("second?", "d1", session_id=sid)  # built on the same (empty) history
+    a = J.make_spec("first?", "d1", conversation_id=sid)
+    b = J.make_spec("second?", "d1", conversation_id=sid)  # built on the same (empty) history
     assert record(a, "A") == 1 and record(b, "B") == 0  # b would overwrite a's turn
     assert [t.text for t in load_messages(redis_client.hget(key, "messages"))] == ["first?", "A"]
     redis_client.hset(key, mapping={"image_digest": "d2", "messages": "[]"})  # a newer image
-    assert record(J.make_spec("old image?", "d1", session_id=sid), "C") == 0
+    assert record(J.make_spec("old image?", "d1", conversation_id=sid), "C") == 0
     redis_client.delete(key)
-    assert record(J.make_spec("x", "d2", session_id=sid), "D") == 0 and not redis_client.exists(key)
+    assert record(J.make_spec("x", "d2", conversation_id=sid), "D") == 0 and not redis_client.exists(key)
     redis_client.hset(key, mapping={"image_digest": "d2", "messages": "[]"})
-    openai_spec = J.make_spec("y", "d2", session_id=sid).model_copy(update={"source": "openai"})
+    openai_spec = J.make_spec("y", "d2").model_copy(update={"affinity_key": sid})  # no conversation
     pipe = redis_client.pipeline()
     record_turn(pipe, keys, openai_spec, "E", 600)
     assert pipe.execute() == [] and redis_client.hget(key, "messages") == b"[]"
     history = [ChatTurn(role="user", text="q", image=True), ChatTurn(role="assistant", text="r")]
     redis_client.hset(key, "messages", json.dumps([t.model_dump() for t in history]))
-    assert record(J.make_spec("next?", "d2", session_id=sid, history=history), "F") == 1
+    assert record(J.make_spec("next?", "d2", conversation_id=sid, history=history), "F") == 1
 
 
 def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.adapter.requests import build_request, image_input
 from services.engine import Engine, EngineConfig
+from services.inference_worker.engine_request import build_request, image_input
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobSpec

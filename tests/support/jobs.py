@@ -36,7 +36,7 @@ def make_spec(
     *,
     deadline: float | None = None,
     max_tokens: int = 8,
-    session_id: str | None = None,
+    conversation_id: str | None = None,
     use_cache: bool = True,
     history: list[ChatTurn] | None = None,
 ) -> JobSpec:
@@ -48,7 +48,8 @@ def make_spec(
         image_digest=digest,
         messages=turns,
         sampling=SamplingSpec(max_tokens=max_tokens),
-        session_id=session_id,
+        conversation_id=conversation_id,
+        affinity_key=conversation_id,
         use_cache=use_cache,
     )
 

@@ -23,10 +23,10 @@ from celery import Celery
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import free_port
 from shared.config import DecodeWorkerSettings, GatewaySettings
+from shared.decode_task import DECODE_QUEUE, DECODE_TASK, make_celery_app
 from shared.keys import Keys
 from tests.support.models import test_model_path
 from tests.support.processes import ManagedProcess, log_contains
-from worker.celery_app import DECODE_QUEUE, DECODE_TASK, make_app
 
 ALL = ("decode", "inference", "gateway")
 
@@ -117,7 +117,7 @@ class ServiceStack:
         """A Celery app with this stack's settings (broker, key prefix); made once."""
         if self._celery is None:
             settings = DecodeWorkerSettings.model_validate(_settings_kwargs(self.env))
-            self._celery = make_app(settings)
+            self._celery = make_celery_app(settings)
         return self._celery
 
     def enqueue_decode(self, job_id: str) -> str:

@@ -18,12 +18,13 @@ from PIL import Image
 
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
+from shared.decode_task import DECODE_TASK
 from shared.schemas import JobStatus
 from shared.tensors import unpack_tensors
 from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 from tests.worker.images import bad_images, good_images
-from worker.celery_app import DECODE_TASK, make_app
+from worker.celery_app import make_app
 from worker.imaging import configure_pillow, decode_image
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.errors import APIError
-from gateway.events import follow
-from gateway.jobs import cancel_job, current_record
+from gateway.event_reader import follow
+from gateway.job_records import cancel_job, current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from shared.schemas import JobEvent

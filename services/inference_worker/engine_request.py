@@ -52,7 +52,7 @@ def build_request(spec: JobSpec, request_id: str, image: ImageInput | None) -> G
         messages=chat_messages(spec.messages),
         images=[image] if image is not None else [],
         sampling=sampling_params(spec.sampling),
-        session_id=spec.session_id,
+        session_id=spec.affinity_key,
         deadline=spec.deadline,
         use_cache=spec.use_cache,
     )

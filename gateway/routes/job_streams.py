@@ -17,11 +17,11 @@ from sse_starlette import EventSourceResponse
 
 from gateway.deps import StateDep
 from gateway.errors import APIError, error_body
-from gateway.events import check_event_id
-from gateway.jobs import current_record
+from gateway.event_reader import check_event_id
+from gateway.job_records import current_record
+from gateway.listeners import event_payload, job_events, until_disconnect, ws_open, ws_send_events
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
-from gateway.streaming import event_payload, job_events, until_disconnect, ws_open, ws_send_events
 
 router = APIRouter(prefix="/v1/jobs", tags=["streams"])
 

@@ -1,4 +1,4 @@
-"""``/v1/sessions/{id}``: a conversation's turns and image digest; delete to forget it."""
+"""``/v1/sessions/{id}``: a stored conversation's turns and image digest; delete to forget it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
+from gateway.conversations import delete_conversation, load_conversation
 from gateway.deps import StateDep
 from gateway.errors import APIError
-from gateway.sessions import delete_session, load_session
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -21,14 +21,14 @@ def _not_found(session_id: str) -> APIError:
 
 @router.get("/{session_id}")
 async def get_session(session_id: str, state: StateDep) -> dict[str, Any]:
-    session = await load_session(state.redis, state.keys, session_id)
-    if session is None:
+    conversation = await load_conversation(state.redis, state.keys, session_id)
+    if conversation is None:
         raise _not_found(session_id)
-    return {"object": "session", **session.to_json()}
+    return {"object": "session", **conversation.to_json()}
 
 
 @router.delete("/{session_id}", status_code=204)
 async def remove_session(session_id: str, state: StateDep) -> Response:
-    if not await delete_session(state.redis, state.keys, session_id):
+    if not await delete_conversation(state.redis, state.keys, session_id):
         raise _not_found(session_id)
     return Response(status_code=204)

@@ -6,15 +6,14 @@ Terminal states the gateway writes (cancel before start, lazy expiry, enqueue fa
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from gateway.errors import APIError
-from gateway.events import read_all, text_of
+from gateway.event_reader import read_all, text_of
 from gateway.state import GatewayState
 from shared import metrics_hash
-from shared.jobs import JobRecord, finish_args, job_keys
-from shared.schemas import ErrorCode, EventType, JobEvent, JobStatus, StageTimings
+from shared.jobs import JobRecord, finish_call, past_deadline, terminal_event
+from shared.schemas import ErrorCode, JobStatus, StageTimings
 from shared.values import as_str
 
 NOT_STARTED = {JobStatus.QUEUED, JobStatus.DECODING, JobStatus.WAITING}
@@ -35,16 +34,9 @@ async def finish_job(
     state: GatewayState, job_id: str, status: JobStatus, code: ErrorCode, error: str | None = None
 ) -> bool:
     """Write a terminal state from the gateway (refused when already terminal); count it."""
-    kind: EventType = "error" if status is JobStatus.FAILED else "status"
-    event = JobEvent(
-        type=kind,
-        status=status,
-        finish_reason="error" if kind == "error" else status.value,
-        error=error,
-        error_code=code,
-    )
-    args = finish_args(event, status, time.time(), state.settings.job_ttl_s)
-    if await state.finish(keys=job_keys(state.keys, job_id), args=args) != 1:
+    event = terminal_event(status, code, error)
+    keys, args = finish_call(state.keys, job_id, event, status, state.settings.job_ttl_s)
+    if await state.finish(keys=keys, args=args) != 1:
         return False
     await count_outcome(state, status)
     return True
@@ -58,8 +50,7 @@ async def count_outcome(state: GatewayState, status: JobStatus) -> None:
 
 async def expire_if_due(state: GatewayState, record: JobRecord) -> bool:
     """Lazy expiry: a job not yet generating and past its deadline is expired when read."""
-    deadline = record.spec.deadline
-    if record.status not in NOT_STARTED or deadline is None or time.time() <= deadline:
+    if record.status not in NOT_STARTED or not past_deadline(record.spec):
         return False
     error = "deadline passed before the job started"
     return await finish_job(state, record.spec.job_id, JobStatus.EXPIRED, ErrorCode.EXPIRED, error)
@@ -83,7 +74,7 @@ async def job_view(state: GatewayState, job_id: str) -> dict[str, Any]:
         "id": job_id,
         "object": "job",
         "status": record.status.value,
-        "session_id": spec.session_id,
+        "session_id": spec.conversation_id or spec.affinity_key,
         "text": text,
         "final_text": record.text if done else None,
         "finish_reason": record.finish_reason,

@@ -1,12 +1,12 @@
-"""Stored conversations (docs/service-contract.md "Sessions"): the hash at ``Keys.session``.
+"""Stored conversations (docs/service-contract.md "Conversations"): the hash at ``Keys.conversation``.
 
-The gateway creates the session; the inference worker (or the gateway, on a result-cache hit)
-appends each finished turn with ``APPEND_TURN_LUA``, a compare-and-append: the user turn and the
-answer are added only if the session still exists (a DELETE is never undone), still has the
-job's image (a newer image is never overwritten by an older job), and still holds exactly the
+The gateway creates the conversation; the inference worker (or the gateway, on a result-cache
+hit) appends each finished turn with ``APPEND_TURN_LUA``, a compare-and-append: the user turn and
+the answer are added only if the conversation still exists (a DELETE is never undone), still has
+the job's image (a newer image is never overwritten by an older job), and still holds exactly the
 history the job was built on (``len(spec.messages) - 1`` turns; of two concurrent jobs on the
-same history only the first to finish is recorded, never a mix). OpenAI jobs carry their own
-history: they never write a session.
+same history only the first to finish is recorded, never a mix). Jobs without a
+``conversation_id`` (OpenAI requests carry their own history) never write one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from shared.keys import Keys
 from shared.schemas import ChatTurn, JobSpec
 
-# KEYS: session hash. ARGV: image digest ('' = any), expected stored turn count, new turns JSON,
+# KEYS: conversation hash. ARGV: image digest ('' = any), expected stored turn count, new turns JSON,
 # updated_at, ttl. Returns 1 when appended, 0 when the session changed (nothing written).
 APPEND_TURN_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -38,16 +38,16 @@ def turns_json(turns: list[ChatTurn]) -> str:
 
 
 def record_turn(pipe: Any, keys: Keys, spec: JobSpec, answer: str, ttl_s: int) -> None:
-    """Queue the compare-and-append on ``pipe`` (sync or asyncio); no-op without a session or for OpenAI."""
-    if not spec.session_id or spec.source == "openai" or not spec.messages:
+    """Queue the compare-and-append on ``pipe`` (sync or asyncio); no-op without a conversation."""
+    if not spec.conversation_id or not spec.messages:
         return
     new = turns_json([spec.messages[-1], ChatTurn(role="assistant", text=answer)])
     args = [spec.image_digest or "", len(spec.messages) - 1, new, time.time(), ttl_s]
-    pipe.eval(APPEND_TURN_LUA, 1, keys.session(spec.session_id), *args)
+    pipe.eval(APPEND_TURN_LUA, 1, keys.conversation(spec.conversation_id), *args)
 
 
 def load_messages(raw: bytes | str | None) -> list[ChatTurn]:
-    """Parse the ``messages`` field of a session hash (Lua's cjson writes ``{}`` for an empty list)."""
+    """Parse the ``messages`` field of a conversation hash (Lua's cjson writes ``{}`` for an empty list)."""
     if not raw:
         return []
     parsed = json.loads(raw)

@@ -21,6 +21,7 @@ import anyio
 from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import APIError
+from shared.config import GatewaySettings
 from shared.formats import ALLOWED_TEXT as ALLOWED
 from shared.formats import sniff_format
 
@@ -35,6 +36,22 @@ class ImageInfo:
     width: int
     height: int
     size: int
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """An upload that passed every gateway check: its bytes and what its header says."""
+
+    data: bytes
+    info: ImageInfo
+
+
+async def read_image(value: bytes | str, settings: GatewaySettings, field: str = "image") -> CheckedImage:
+    """Raw bytes, base64 or a ``data:`` URL -> checked image (4xx with ``field`` named otherwise)."""
+    limit = settings.max_image_bytes
+    data = await decode_base64_image_async(value, limit, field) if isinstance(value, str) else value
+    info = await inspect_image_async(data, limit, settings.max_image_pixels, field)
+    return CheckedImage(data, info)
 
 
 def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> bytes:

@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from services.adapter.run import JobRun
-from services.adapter.stream import StreamConsumer
-from shared import metrics_hash, result_cache, sessions
+from services.inference_worker.job_run import JobRun
+from services.inference_worker.stream_consumer import StreamConsumer
+from shared import conversations, metrics_hash, result_cache
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobStatus
 
@@ -77,7 +77,7 @@ class FinishEffects:
         metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
         if status is not JobStatus.DONE:
             return
-        sessions.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
+        conversations.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
         cache_key = result_cache.cache_key(self.keys, self.config.model_id, run.spec)
         if cache_key and event.usage is not None:
             record = result_cache.CachedResult(

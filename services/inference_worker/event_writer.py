@@ -26,13 +26,12 @@ from typing import Any, TypeVar
 
 import redis
 
-from services.adapter.finish import Finished, FinishEffects, WriterConfig
-from services.adapter.lua import APPEND_TOKENS_LUA
-from services.adapter.run import JobRun, outcome, usage_info
-from services.adapter.store import JobStore
-from services.adapter.stream import StreamConsumer
 from services.engine.api import TokenEvent
-from shared.jobs import EVENTS_MAXLEN, pipe_script
+from services.inference_worker.after_finish import Finished, FinishEffects, WriterConfig
+from services.inference_worker.job_run import JobRun, outcome, usage_info
+from services.inference_worker.job_store import JobStore
+from services.inference_worker.stream_consumer import StreamConsumer
+from shared.jobs import APPEND_TOKENS_LUA, EVENTS_MAXLEN, pipe_script
 from shared.schemas import JobEvent, JobStatus, StageTimings
 
 log = logging.getLogger(__name__)

@@ -20,16 +20,16 @@ from typing import Any
 
 import redis
 
-from services.adapter.finish import WriterConfig
-from services.adapter.requests import build_request, needs_image
-from services.adapter.run import JobRun
-from services.adapter.store import JobStore
-from services.adapter.stream import Entry, StreamConsumer
-from services.adapter.writer import EventWriter
 from services.engine.api import ImageInput, RequestRejected
+from services.inference_worker.after_finish import WriterConfig
+from services.inference_worker.engine_request import build_request, needs_image
+from services.inference_worker.event_writer import EventWriter
+from services.inference_worker.job_run import JobRun
+from services.inference_worker.job_store import JobStore
+from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from shared import metrics_hash
 from shared.config import InferenceSettings
-from shared.jobs import JobRecord
+from shared.jobs import JobRecord, refusal
 from shared.schemas import ErrorCode, JobStatus
 from shared.tensors import TensorCodecError
 
@@ -162,14 +162,11 @@ class InferenceWorker:
 
     def _refusal(self, record: JobRecord, attempt: int, cancelled: bool) -> JobStatus | None:
         """Cancelled or expired before it ran: finish it now, never generate."""
-        job_id = record.spec.job_id
-        if cancelled:
-            self.store.cancel(job_id, attempt)
-            return JobStatus.CANCELLED
-        if record.spec.deadline is not None and time.time() > record.spec.deadline:
-            self.store.expire(job_id, attempt)
-            return JobStatus.EXPIRED
-        return None
+        refused = refusal(record.spec, cancelled, before="generation")
+        if refused is None:
+            return None
+        self.store.end(record.spec.job_id, refused.status, refused.code, refused.error, attempt)
+        return refused.status
 
     def _submit(self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int) -> None:
         """Register the run, then submit (the engine validates: RequestRejected, nothing started)."""
@@ -193,10 +190,9 @@ class InferenceWorker:
         spec = record.spec
         if not needs_image(spec):
             return None
-        digest = spec.image_digest or (self.store.session_image(spec.session_id) if spec.session_id else None)
-        if digest is None:
+        if spec.image_digest is None:
             raise LookupError("the conversation refers to an image but the job has none")
-        return self.store.image(digest, self.processor_id)
+        return self.store.image(spec.image_digest, self.processor_id)
 
     # --- running jobs ---
     def poll_cancels(self) -> None:

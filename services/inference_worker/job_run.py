@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from services.adapter.stream import Entry
 from services.engine.api import FinishReason, TokenEvent
+from services.inference_worker.stream_consumer import Entry
 from shared.schemas import ErrorCode, EventType, JobSpec, JobStatus, UsageInfo
 
 

@@ -1,6 +1,6 @@
 """Job records as the inference worker sees them: load, start an attempt, tensors, published tokens.
 
-Terminal states go through shared/jobs.py's FINISH_LUA (``finish`` queues it on a pipeline, so
+Terminal states go through ``shared.jobs``' FINISH_LUA (``finish`` queues it on a pipeline, so
 the writer thread can put it in the same round trip as the last token events). Every write of an
 attempt is fenced with its number: once another attempt began, this one can no longer write.
 """
@@ -13,10 +13,19 @@ from typing import Any
 
 import redis
 
-from services.adapter.lua import BEGIN_ATTEMPT_LUA
-from services.adapter.requests import image_input
 from services.engine.api import ImageInput
-from shared.jobs import FINISH_LUA, SET_STATUS_LUA, JobRecord, finish_args, job_keys, pipe_script, status_args
+from services.inference_worker.engine_request import image_input
+from shared.jobs import (
+    BEGIN_ATTEMPT_LUA,
+    FINISH_LUA,
+    SET_STATUS_LUA,
+    JobRecord,
+    finish_args,
+    job_keys,
+    pipe_script,
+    status_args,
+    terminal_event,
+)
 from shared.keys import Keys
 from shared.schemas import ErrorCode, JobEvent, JobStatus
 from shared.tensors import TensorCodecError, unpack_tensors
@@ -51,10 +60,6 @@ class JobStore:
         self._begin = client.register_script(BEGIN_ATTEMPT_LUA)
 
     # --- reads ---
-    def load(self, job_id: str) -> tuple[JobRecord, dict[str, str]] | None:
-        """The job record and its raw fields (decode timings live outside JobRecord)."""
-        return _record(self.r.hgetall(self.keys.job(job_id)))
-
     def begin(self, job_id: str) -> Begun | None:
         """One round trip: load the job, begin an attempt unless it is terminal, read its cancel flag.
         None when the job is gone."""
@@ -88,10 +93,6 @@ class JobStore:
             elif event.index + len(event.token_ids) > len(tokens):  # partial overlap: keep the new tail
                 tokens.extend(event.token_ids[len(tokens) - event.index :])
         return tokens
-
-    def session_image(self, session_id: str) -> str | None:
-        raw = self.r.hget(self.keys.session(session_id), "image_digest")
-        return raw.decode() if raw else None
 
     def image(self, digest: str, processor_id: str) -> ImageInput:
         """The decoded tensor; raises LookupError when it is gone, TensorCodecError when corrupt."""
@@ -133,36 +134,20 @@ class JobStore:
         code: ErrorCode = ErrorCode.INTERNAL,
         fenced: bool = True,
     ) -> bool:
-        event = JobEvent(
-            type="error",
-            attempt=attempt,
-            status=JobStatus.FAILED,
-            finish_reason="error",
-            error=reason,
-            error_code=code,
-        )
-        return self.finish(job_id, event, JobStatus.FAILED, attempt if fenced else None) in (1, 2)
+        return self.end(job_id, JobStatus.FAILED, code, reason, attempt, fenced)
 
-    def expire(self, job_id: str, attempt: int) -> bool:
-        event = JobEvent(
-            type="status",
-            attempt=attempt,
-            status=JobStatus.EXPIRED,
-            finish_reason="expired",
-            error="deadline passed before generation",
-            error_code=ErrorCode.EXPIRED,
-        )
-        return self.finish(job_id, event, JobStatus.EXPIRED, attempt) in (1, 2)
-
-    def cancel(self, job_id: str, attempt: int) -> bool:
-        event = JobEvent(
-            type="status",
-            attempt=attempt,
-            status=JobStatus.CANCELLED,
-            finish_reason="cancelled",
-            error_code=ErrorCode.CANCELLED,
-        )
-        return self.finish(job_id, event, JobStatus.CANCELLED, attempt) in (1, 2)
+    def end(
+        self,
+        job_id: str,
+        status: JobStatus,
+        code: ErrorCode,
+        error: str | None,
+        attempt: int,
+        fenced: bool = True,
+    ) -> bool:
+        """Finish the job without a result (failed, cancelled, expired); True when this call wrote it."""
+        event = terminal_event(status, code, error, attempt)
+        return self.finish(job_id, event, status, attempt if fenced else None) in (1, 2)
 
     def dead_letter(self, job_id: str, attempt: int, reason: str) -> None:
         """Fail the job (the delivery cap was passed by ``attempt``) and record it in the dead letters."""

@@ -1,9 +1,10 @@
-"""Gateway side of sessions (docs/service-contract.md §Sessions).
+"""Gateway side of stored conversations (docs/service-contract.md §Conversations).
 
-The gateway creates a session on its first job (image digest, optional system turn) and
+The gateway creates a conversation on its first job (image digest, optional system turn) and
 refreshes its TTL on later jobs; the inference worker appends each finished turn. The one
 exception is a result-cache hit: no worker runs, so the gateway records the turn itself, the
-same way the worker does (``shared.sessions.record_turn``, a compare-and-append).
+same way the worker does (``shared.conversations.record_turn``, a compare-and-append). Clients
+name a conversation ``session_id`` (the API's word for it).
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.conversations import load_messages
 from shared.keys import Keys
 from shared.schemas import ChatTurn
-from shared.sessions import load_messages
 from shared.values import as_str
 
 
 @dataclass
-class Session:
-    session_id: str
+class Conversation:
+    conversation_id: str
     image_digest: str | None
     image_format: str | None
     messages: list[ChatTurn] = field(default_factory=list)
@@ -35,7 +36,7 @@ class Session:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.session_id,
+            "id": self.conversation_id,
             "image_digest": self.image_digest,
             "image_format": self.image_format,
             "turns": [t.model_dump() for t in self.messages],
@@ -43,13 +44,13 @@ class Session:
         }
 
 
-async def load_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> Session | None:
-    raw = await redis.hgetall(keys.session(session_id))
+async def load_conversation(redis: aioredis.Redis, keys: Keys, conversation_id: str) -> Conversation | None:
+    raw = await redis.hgetall(keys.conversation(conversation_id))
     if not raw:
         return None
     fields = {as_str(k): as_str(v) for k, v in raw.items()}
-    return Session(
-        session_id=session_id,
+    return Conversation(
+        conversation_id=conversation_id,
         image_digest=fields.get("image_digest") or None,
         image_format=fields.get("image_format") or None,
         messages=parse_turns(fields.get("messages")),
@@ -64,7 +65,7 @@ def parse_turns(raw: str | None) -> list[ChatTurn]:
         return []
 
 
-def new_session_fields(image_digest: str, image_format: str, system: str | None) -> dict[str, str]:
+def new_conversation_fields(image_digest: str, image_format: str, system: str | None) -> dict[str, str]:
     turns = [ChatTurn(role="system", text=system)] if system else []
     return {
         "image_digest": image_digest,
@@ -74,5 +75,5 @@ def new_session_fields(image_digest: str, image_format: str, system: str | None)
     }
 
 
-async def delete_session(redis: aioredis.Redis, keys: Keys, session_id: str) -> bool:
-    return bool(await redis.delete(keys.session(session_id)))
+async def delete_conversation(redis: aioredis.Redis, keys: Keys, conversation_id: str) -> bool:
+    return bool(await redis.delete(keys.conversation(conversation_id)))

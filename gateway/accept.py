@@ -1,0 +1,168 @@
+"""Accepting a job (docs/service-contract.md §1): result cache, admission, writes, decode task.
+
+Every check that can refuse a request (intake validation, admission: 429 when the queues are
+full) runs before the first write, so a refused request leaves nothing behind in Redis. Order of
+the writes: image + job record (one MULTI) -> decode task + conversation (a second MULTI: the
+task is an LPUSH onto the Celery queue, see ``gateway.decode_queue``). An enqueue failure (503)
+therefore leaves the conversation untouched; the job stays, ``failed`` with
+``error_code=queue_unavailable`` (a client polling it gets the reason), and the image bytes
+expire with their TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.admission import admit
+from gateway.errors import APIError
+from gateway.intake import Submission
+from gateway.job_records import count_outcome, finish_job
+from gateway.job_spec import PreparedJob, build_job
+from gateway.state import GatewayState
+from shared import conversations, result_cache
+from shared.jobs import EVENTS_MAXLEN, new_job_hash
+from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus, StageTimings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Accepted:
+    spec: JobSpec
+    status: JobStatus
+    cached: result_cache.CachedResult | None = None
+
+
+async def submit(state: GatewayState, sub: Submission) -> Accepted:
+    """Build the job from a submission and accept it (or refuse it, leaving nothing behind)."""
+    return await accept_job(state, await build_job(state, sub), sub.use_result_cache)
+
+
+async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bool = True) -> Accepted:
+    """Cache hit: one MULTI, no work. Else admit (429), write image + job, then enqueue + session."""
+    spec = job.spec
+    cached = await _cached_result(state, spec) if use_result_cache else None
+    if cached is not None:
+        await _write(state, job, cached, conversation=True)
+        await count_outcome(state, JobStatus.DONE)
+        state.metrics.submitted.labels(spec.source).inc()
+        return Accepted(spec, JobStatus.DONE, cached)
+    await admit(state.redis, state.keys, state.settings.max_queue_depth, state.throughput)
+    await _write(state, job, None, conversation=False)
+    await _enqueue(state, job)
+    state.metrics.submitted.labels(spec.source).inc()
+    return Accepted(spec, JobStatus.QUEUED)
+
+
+async def _write(
+    state: GatewayState, job: PreparedJob, cached: result_cache.CachedResult | None, conversation: bool
+) -> None:
+    async with state.redis.pipeline(transaction=True) as pipe:
+        _write_image(pipe, state, job)
+        if conversation:
+            _write_conversation(pipe, state, job)
+        _write_job(pipe, state, job.spec, cached)
+        await pipe.execute()
+
+
+async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
+    """Decode task and conversation in one MULTI: a refused LPUSH aborts both (EXECABORT)."""
+    spec = job.spec
+    try:
+        async with state.redis.pipeline(transaction=True) as pipe:
+            state.decode.push(pipe, spec.job_id)
+            _write_conversation(pipe, state, job)
+            await pipe.execute()
+    except Exception as exc:  # broker down: the job must not stay queued forever
+        log.exception("decode enqueue failed for %s", spec.job_id)
+        await fail_job(state, spec.job_id, f"could not enqueue the decode task: {exc}")
+        raise APIError(
+            503,
+            "decode queue unavailable, retry shortly",
+            code="queue_unavailable",
+            headers={"Retry-After": "1"},
+        ) from exc
+
+
+def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:
+    """Response headers saying whether the answer came from the result cache (every route)."""
+    if accepted.cached is not None:
+        return {"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"}
+    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": "bypass" if bypassed else "miss"}
+
+
+async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.CachedResult | None:
+    key = result_cache.cache_key(state.keys, state.settings.result_model_id, spec)
+    if key is None:
+        return None
+    hit = result_cache.decode(await state.redis.get(key))
+    state.metrics.result_cache.labels("hit" if hit else "miss").inc()
+    return hit
+
+
+def _write_image(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
+    digest = job.spec.image_digest
+    if digest is None:
+        return
+    key, ttl = state.keys.image(digest), state.settings.image_ttl_s
+    if job.image is not None:
+        pipe.set(key, job.image.data, ex=ttl, nx=True)  # stored once per digest
+    pipe.expire(key, ttl)  # every new job keeps its image alive
+
+
+def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
+    conversation_id = job.spec.conversation_id
+    if conversation_id is None:
+        return
+    key = state.keys.conversation(conversation_id)
+    if job.conversation_fields is not None:
+        pipe.delete(key)
+        fields: dict[Any, Any] = job.conversation_fields
+        pipe.hset(key, mapping=fields)
+    if job.conversation_fields is not None or job.touch_conversation:
+        pipe.expire(key, state.settings.session_ttl_s)
+
+
+def _write_job(
+    pipe: aioredis.client.Pipeline,
+    state: GatewayState,
+    spec: JobSpec,
+    cached: result_cache.CachedResult | None,
+) -> None:
+    keys, ttl = state.keys, state.settings.job_ttl_s
+    fields: dict[Any, Any] = dict(new_job_hash(spec))
+    events = [JobEvent(type="status", status=JobStatus.QUEUED)]
+    if cached is not None:
+        done = JobEvent(
+            type="done",
+            final_text=cached.text,
+            usage=cached.usage,
+            finish_reason=cached.finish_reason,
+            timings=StageTimings(),
+        )
+        events.append(done)
+        fields.update(
+            {
+                "status": JobStatus.DONE.value,
+                "text": cached.text,
+                "usage": cached.usage.model_dump_json(),
+                "finish_reason": cached.finish_reason,
+                "timings": StageTimings().model_dump_json(),
+                "result_cached": "1",
+            }
+        )
+        conversations.record_turn(pipe, keys, spec, cached.text, state.settings.session_ttl_s)
+    pipe.hset(keys.job(spec.job_id), mapping=fields)
+    pipe.expire(keys.job(spec.job_id), ttl)
+    for event in events:
+        entry: dict[Any, Any] = dict(event.to_fields())
+        pipe.xadd(keys.job_events(spec.job_id), entry, maxlen=EVENTS_MAXLEN, approximate=True)
+    pipe.expire(keys.job_events(spec.job_id), ttl)
+
+
+async def fail_job(state: GatewayState, job_id: str, error: str) -> bool:
+    return await finish_job(state, job_id, JobStatus.FAILED, ErrorCode.QUEUE_UNAVAILABLE, error)

@@ -1,0 +1,230 @@
+"""Every request shape -> one ``Submission``: a multipart form or a JSON body (``POST /v1/jobs``),
+a chat WebSocket message, an OpenAI chat-completions request.
+
+Everything a client can get wrong is refused here, before anything is stored: parameters (422),
+the image (read and checked once, ``image_checks.read_image``), the model name. What a job then
+needs from Redis (the stored conversation) is ``gateway.job_spec``'s part.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from gateway.errors import APIError
+from gateway.image_checks import CheckedImage, read_image
+from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
+from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
+from shared.config import GatewaySettings
+from shared.schemas import ChatTurn
+
+Source = Literal["jobs", "ws", "openai"]
+MAX_FORM_FIELDS = 32
+
+
+@dataclass(frozen=True)
+class NextTurn:
+    """A question in a stored conversation (jobs route, chat WebSocket)."""
+
+    prompt: str
+    system: str | None
+    conversation_id: str | None  # None: a new conversation
+
+
+@dataclass(frozen=True)
+class WholeConversation:
+    """A conversation the client resends whole each turn (OpenAI): nothing is stored for it."""
+
+    turns: list[ChatTurn]
+    affinity_key: str | None  # keeps the engine's session KV between the client's turns
+
+
+@dataclass(frozen=True)
+class Submission:
+    source: Source  # a metrics label; nothing behaves differently by it
+    ask: NextTurn | WholeConversation
+    options: GenerationOptions
+    image: CheckedImage | None = None
+    timeout_s: float | None = None
+    use_cache: bool = True
+    cancel_on_disconnect: bool = False
+    use_result_cache: bool = True
+
+
+# --- POST /v1/jobs ---
+async def from_http(request: Request, settings: GatewaySettings, no_cache: bool) -> Submission:
+    """Multipart (file or base64 in ``image``) or JSON (``image`` as base64 / data URL)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "multipart/form-data":
+        raw, image = await _read_multipart(request)
+    elif content_type in ("application/json", ""):
+        raw = await _read_json(request)
+        image = _image_field(raw.pop("image", None))
+    else:
+        raise APIError(
+            415,
+            f"unsupported content type {content_type!r}; send multipart/form-data or application/json",
+            code="unsupported_content_type",
+        )
+    return await _job_submission("jobs", raw, image, settings, use_result_cache=not no_cache)
+
+
+async def _read_multipart(request: Request) -> tuple[dict[str, Any], bytes | str | None]:
+    form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+    raw: dict[str, Any] = {}
+    image: bytes | str | None = None
+    for name in form:
+        values = form.getlist(name)
+        if name == "image":
+            value = values[0]
+            image = await value.read() if isinstance(value, UploadFile) else (str(value) or None)
+        elif name == "stop":
+            raw["stop"] = [str(v) for v in values]
+        else:
+            if len(values) > 1 or isinstance(values[0], UploadFile):
+                raise APIError(400, f"{name}: expected one text value", param=name)
+            raw[name] = values[0]
+    return raw, image
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    try:
+        raw = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise APIError(400, "body is not valid JSON", code="bad_json") from None
+    if not isinstance(raw, dict):
+        raise APIError(400, "body must be a JSON object", code="bad_json")
+    return raw
+
+
+# --- /v1/chat/ws ---
+async def from_ws_message(message: dict[str, Any], settings: GatewaySettings) -> Submission:
+    """A job message; ``no_cache: true`` is the WebSocket's ``Cache-Control: no-cache``."""
+    raw = {k: v for k, v in message.items() if k != "type"}
+    raw.setdefault("cancel_on_disconnect", True)  # page closed: stop generating for nobody
+    no_cache = raw.pop("no_cache", False) is True
+    image = _image_field(raw.pop("image", None))
+    return await _job_submission("ws", raw, image, settings, use_result_cache=not no_cache)
+
+
+def _image_field(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise APIError(400, "image: expected a base64 string or a data: URL", param="image")
+    return value or None
+
+
+async def _job_submission(
+    source: Source,
+    raw: dict[str, Any],
+    image: bytes | str | None,
+    settings: GatewaySettings,
+    use_result_cache: bool,
+) -> Submission:
+    params = parse_params(raw, settings)
+    return Submission(
+        source=source,
+        ask=NextTurn(params.prompt, params.system, params.session_id),
+        options=GenerationOptions.model_validate(
+            params.model_dump(include=set(GenerationOptions.model_fields))
+        ),
+        image=await read_image(image, settings) if image is not None else None,
+        timeout_s=params.timeout_s,
+        use_cache=params.use_cache,
+        cancel_on_disconnect=params.cancel_on_disconnect,
+        use_result_cache=use_result_cache,
+    )
+
+
+# --- POST /v1/chat/completions ---
+async def from_openai(
+    req: ChatCompletionRequest, settings: GatewaySettings, affinity_key: str | None, no_cache: bool
+) -> Submission:
+    """The request's messages become the job's conversation (one image per conversation)."""
+    if req.model != settings.model_name:
+        raise APIError(
+            404,
+            f"model {req.model!r} not found; this server serves {settings.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    options: GenerationOptions = validated(
+        GenerationOptions,
+        {
+            "max_tokens": req.max_completion_tokens or req.max_tokens,
+            # Greedy unless the client asks to sample: answers stay reproducible and cacheable.
+            "temperature": req.temperature or 0.0,
+            "top_p": req.top_p or 1.0,
+            "top_k": req.top_k or 0,
+            "seed": req.seed,
+            "stop": req.stop or [],
+        },
+    )
+    check_max_tokens(options, settings)
+    turns, image = await _openai_turns(req.messages, settings)
+    return Submission(
+        source="openai",
+        ask=WholeConversation(turns, affinity_key or req.user),
+        options=options,
+        image=image,
+        cancel_on_disconnect=True,
+        use_result_cache=not no_cache,
+    )
+
+
+async def _openai_turns(
+    messages: list[ChatMessage], settings: GatewaySettings
+) -> tuple[list[ChatTurn], CheckedImage]:
+    """Messages -> ChatTurns; exactly one (distinct) image, in a user turn."""
+    turns: list[ChatTurn] = []
+    image: CheckedImage | None = None
+    for i, message in enumerate(messages):
+        texts, has_image = [], False
+        for j, part in enumerate(parts(message)):
+            where = f"messages[{i}].content[{j}]"
+            if part.type in ("text", "input_text"):
+                texts.append(part.text or "")
+                continue
+            found = await _openai_image(
+                part_url=image_url(part), role=message.role, where=where, settings=settings
+            )
+            if image is not None and image.info.digest != found.info.digest:
+                raise APIError(400, f"{where}: only one image per conversation is supported", param=where)
+            has_image = has_image or image is None
+            image = image or found
+        role = "system" if message.role == "developer" else message.role
+        turns.append(ChatTurn(role=role, text="\n".join(texts), image=has_image))
+        _check_turn(turns[-1], settings)
+    if turns[-1].role != "user":
+        raise APIError(400, "messages: the last message must be from the user", param="messages")
+    if image is None:
+        raise APIError(
+            400,
+            "messages: an image is required (an image_url content part with a data: URL)",
+            param="messages",
+            code="image_required",
+        )
+    return turns, image
+
+
+async def _openai_image(
+    part_url: str | None, role: str, where: str, settings: GatewaySettings
+) -> CheckedImage:
+    if role != "user":
+        raise APIError(400, f"{where}: images are only accepted in user messages", param=where)
+    if not part_url:
+        raise APIError(400, f"{where}: image_url.url is required", param=where)
+    return await read_image(part_url, settings, where)
+
+
+def _check_turn(turn: ChatTurn, settings: GatewaySettings) -> None:
+    if len(turn.text) > settings.max_prompt_chars:
+        raise APIError(
+            422,
+            f"messages: a message is longer than {settings.max_prompt_chars} characters",
+            param="messages",
+        )

@@ -1,0 +1,117 @@
+"""OpenAI chat-completions request and response shapes (the mapping onto a job: ``gateway.intake``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.request_params import ID_PATTERN
+from shared.jobs import JobRecord
+
+
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "image_url", "input_text", "input_image"]
+    text: str | None = None
+    image_url: ImageURL | str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+def parts(message: ChatMessage) -> list[ContentPart]:
+    if message.content is None:
+        return []
+    if isinstance(message.content, str):
+        return [ContentPart(type="text", text=message.content)]
+    return message.content
+
+
+def image_url(part: ContentPart) -> str | None:
+    return part.image_url.url if isinstance(part.image_url, ImageURL) else part.image_url
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI knobs are accepted and ignored
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, pattern=ID_PATTERN)
+
+
+def usage_json(record_usage: Any) -> dict[str, Any]:
+    usage = record_usage
+    if usage is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def completion_json(job_id: str, model: str, record: JobRecord) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{job_id}",
+        "object": "chat.completion",
+        "created": int(record.created_at),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": record.text or ""},
+                "logprobs": None,
+                "finish_reason": record.finish_reason or "stop",
+            }
+        ],
+        "usage": usage_json(record.usage),
+        "system_fingerprint": None,
+    }
+
+
+def chunk_json(
+    job_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+    choices: bool = True,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": f"chatcmpl-{job_id}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [],
+    }
+    if choices:
+        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk

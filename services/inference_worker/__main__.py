@@ -1,0 +1,50 @@
+"""Inference worker process: ``python -m services.inference_worker``.
+
+A long-running process (never a forked Celery child: CUDA does not survive fork) that loads
+the engine, prewarms its prefix cache and serves the inference stream until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import redis
+
+from services.engine import Engine
+from services.inference_worker.engine_setup import engine_config, tensor_processor_id
+from services.inference_worker.loop import InferenceWorker
+from shared.config import get_inference_settings
+
+log = logging.getLogger("services.inference_worker")
+
+
+def install_signals(worker: InferenceWorker) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if worker.stopping.is_set():  # second signal: stop waiting for in-flight jobs
+            worker.settings.drain_timeout_s = 0.0
+        log.info("signal %d: stopping (in-flight jobs finish first)", signum)
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def main() -> int:
+    settings = get_inference_settings()
+    sys.setswitchinterval(settings.gil_switch_interval_s)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+    engine = Engine.from_pretrained(engine_config(settings))
+    worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))
+    install_signals(worker)
+    engine.start()
+    engine.prewarm()
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The engine as the inference worker builds it from its settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from services.engine import Engine, EngineConfig
+from services.vlm.image_processor import processor_id
+from services.vlm.loading import load_image_processor
+from shared.config import InferenceSettings
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def engine_config(settings: InferenceSettings, config_cls: Any = EngineConfig) -> EngineConfig:
+    """EngineConfig from settings; a setting EngineConfig lacks is an error, never silently dropped."""
+    mb = 1024 * 1024
+    values: dict[str, Any] = {
+        "model_path": settings.model,
+        "quantize": settings.quantize,
+        "device": resolve_device(settings.device),
+        "max_batch": settings.max_batch,
+        "batch_window_ms": settings.batch_window_ms,
+        "max_context_tokens": settings.max_context_tokens,
+        "max_new_tokens_limit": settings.max_tokens_limit,
+        "prefix_cache": settings.prefix_cache,
+        "session_cache": settings.session_cache,
+        "image_cache": settings.image_cache,
+        "prefix_cache_bytes": settings.prefix_cache_mb * mb,
+        "session_cache_bytes": settings.session_cache_mb * mb,
+        "image_cache_bytes": settings.image_cache_mb * mb,
+        "session_ttl_s": settings.session_ttl_s,
+    }
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(config_cls)})
+    if unknown:
+        raise ValueError(f"{config_cls.__name__} has no field(s) {unknown}: settings and engine disagree")
+    config: EngineConfig = config_cls(**values)
+    return config
+
+
+def tensor_processor_id(engine: Engine, model_path: str) -> str:
+    """Id of the engine's image processor: it names the tensors the decode workers wrote."""
+    found = getattr(engine, "image_processor", None)
+    return processor_id(found if found is not None else load_image_processor(model_path))

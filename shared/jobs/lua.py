@@ -1,0 +1,128 @@
+"""Every Lua script that changes a job's status or attempt (and the decode worker's tensor fetch).
+
+Scripts run on sync and asyncio clients alike (``client.register_script(SRC)``, or
+``writes.pipe_script`` inside a pipeline). Fencing: worker-side calls pass their attempt number;
+a script refuses when the hash's ``attempt`` differs (a newer attempt owns the job). Gateway calls
+pass no fence.
+"""
+
+from __future__ import annotations
+
+# Lua: true when a status string is terminal (every script below uses it).
+IS_TERMINAL_LUA = """
+local function is_terminal(s)
+  return s == 'done' or s == 'failed' or s == 'cancelled' or s == 'expired'
+end
+"""
+
+# Lua: true when ARGV[n] is a fence (attempt number) that is not the job's current attempt.
+FENCED_LUA = """
+local function fenced(n)
+  return ARGV[n] ~= nil and ARGV[n] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[n]
+end
+"""
+
+# KEYS: job hash, events stream, wake channel. ARGV: new status, event fields JSON, now, ttl, maxlen,
+# fence. Refuses (returns 0) when the job is gone, terminal or fenced; else sets status, appends event.
+SET_STATUS_LUA = (
+    IS_TERMINAL_LUA
+    + FENCED_LUA
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or is_terminal(status) or fenced(6) then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', KEYS[3], id)
+return 1
+"""
+)
+
+# Same refusal rule; ARGV[6] is a flat JSON object of extra hash fields (text, usage, ...), ARGV[7]
+# the fence. Returns 1 when written, 2 when this same attempt already wrote it (a re-sent FINISH
+# after a lost reply: idempotent), 0 when gone or already terminal, -1 when another attempt owns it.
+FINISH_LUA = (
+    IS_TERMINAL_LUA
+    + FENCED_LUA
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 0 end
+if fenced(7) then return -1 end
+if is_terminal(status) then
+  if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'finished_attempt') == ARGV[7] then return 2 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'finished_attempt', ARGV[7]) end
+local extra = cjson.decode(ARGV[6])
+for k, v in pairs(extra) do redis.call('HSET', KEYS[1], k, v) end
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', KEYS[3], id)
+return 1
+"""
+)
+
+# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA (6 values), then job_id.
+# Only from queued/decoding: a redelivered task whose job is already handed over does nothing.
+HANDOFF_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'decoding' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', KEYS[3], id)
+redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[7])
+return 1
+"""
+
+# KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the
+# image bytes (nil: expired). One round trip either way, and no image transfer on a cache hit.
+TENSOR_OR_IMAGE_LUA = """
+if redis.call('EXPIRE', KEYS[1], ARGV[1]) == 1 then return 1 end
+return redis.call('GET', KEYS[2])
+"""
+
+# KEYS: job hash, events stream, wake channel. ARGV[1]: maxlen; ARGV[2]: the attempt (fence);
+# ARGV[3..]: triples (first token index, index after the event, token event JSON).
+# Refused (returns 0) when the job is gone, terminal or owned by another attempt: the writer then
+# cancels the engine request. An event whose index is already published (hash field
+# ``published``: tokens in the stream) is skipped, so a re-sent batch never duplicates tokens.
+APPEND_TOKENS_LUA = (
+    IS_TERMINAL_LUA
+    + FENCED_LUA
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or is_terminal(status) or fenced(2) then return 0 end
+local published = tonumber(redis.call('HGET', KEYS[1], 'published') or '0')
+local id
+for i = 3, #ARGV, 3 do
+  if tonumber(ARGV[i]) >= published then
+    id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'data', ARGV[i + 2])
+    published = tonumber(ARGV[i + 1])
+  end
+end
+if id then
+  redis.call('HSET', KEYS[1], 'published', published)
+  redis.call('PUBLISH', KEYS[3], id)
+end
+return 1
+"""
+)
+
+# KEYS: job hash, cancel flag. Returns {} when the job is gone; else {attempt, cancelled, fields}:
+# the attempt this delivery begins (HINCRBY), or 0 when the job is already terminal (nothing
+# begun), the cancel flag (0/1), and the hash as HGETALL returned it before the increment.
+BEGIN_ATTEMPT_LUA = (
+    IS_TERMINAL_LUA
+    + """
+local raw = redis.call('HGETALL', KEYS[1])
+if #raw == 0 then return {} end
+local attempt = 0
+if not is_terminal(redis.call('HGET', KEYS[1], 'status')) then
+  attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+end
+return {attempt, redis.call('EXISTS', KEYS[2]), raw}
+"""
+)
