@@ -24,6 +24,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests
+	$(BIN)/lint-imports
 
 bench: bench-engine bench-service
 

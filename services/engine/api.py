@@ -1,7 +1,7 @@
 """Public types of the in-process engine API.
 
 The engine knows nothing of HTTP, Redis or Celery: callers hand it plain objects
-(``GenerationRequest``) and read plain objects back (``TokenEvent``). The Redis adapter
+(``GenerationRequest``) and read plain objects back (``TokenEvent``). The inference worker
 (``services.inference_worker``), tests and benchmarks all drive it through these types.
 """
 

@@ -20,7 +20,9 @@ from transformers.cache_utils import DynamicLayer
 from services.engine.api import ImageInput, RequestRejected
 
 
-class ModelAdapter:
+class Architecture:
+    """One loaded model as the engine sees it: embeddings, image features, positions, forward, KV."""
+
     def __init__(self, model: Any, processor: Any) -> None:
         self.model = model
         self.base = getattr(model, "model", model)
@@ -164,10 +166,10 @@ class ModelAdapter:
         return out.logits[:, -1].float()
 
 
-def auto_max_batch(adapter: ModelAdapter, max_context_tokens: int) -> int:
+def auto_max_batch(arch: Architecture, max_context_tokens: int) -> int:
     """CPU: 8. CUDA: as many full-context sequences as half the free memory holds (KV only)."""
-    if adapter.device.type != "cuda":
+    if arch.device.type != "cuda":
         return 8
-    free, _ = torch.cuda.mem_get_info(adapter.device)
-    per_seq = adapter.kv_bytes_per_token() * max_context_tokens
+    free, _ = torch.cuda.mem_get_info(arch.device)
+    per_seq = arch.kv_bytes_per_token() * max_context_tokens
     return max(1, min(256, math.floor(free * 0.5 / per_seq)))

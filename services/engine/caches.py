@@ -116,12 +116,6 @@ class BoundedCache(Generic[K, V]):
             self.bytes -= slot.nbytes
             return slot.value
 
-    def purge_expired(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in [k for k, s in self._slots.items() if s.expires_at <= now]:
-                self.pop(key)
-
     def keys(self) -> list[K]:
         with self._lock:
             return list(self._slots)
@@ -240,8 +234,3 @@ class ImageCache(BoundedCache[str, torch.Tensor]):
     def _validate(self, key: str, value: torch.Tensor) -> None:
         if len(key) != 64 or value.ndim != 2:
             raise CacheIntegrityError(f"image[{key!r}]: bad key or features shape {tuple(value.shape)}")
-
-
-def own_kv(kv: KV) -> KV:
-    """Contiguous private copies (a slice of a batch tensor would pin the whole batch)."""
-    return [(k.clone(), v.clone()) for k, v in kv]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from services.engine.api import FinishReason, GenerationRequest, RequestRejected, Timings, TokenEvent, Usage
-from services.engine.architectures import ModelAdapter, auto_max_batch
+from services.engine.architectures import Architecture, auto_max_batch
 from services.engine.caches import ImageCache, PrefixCache, SessionCache
 from services.engine.config import EngineConfig
 from services.engine.detok import Detokenizer
@@ -38,12 +38,12 @@ class Engine:
         self.config = config or EngineConfig()
         self.model = model.eval()
         self._processor = processor
-        self.adapter = ModelAdapter(model, processor)
-        self.prompts = PromptBuilder(self.adapter, processor, self.config)
-        self.eos_ids = frozenset(self.adapter.eos_token_ids())
-        max_batch = self.config.max_batch or auto_max_batch(self.adapter, self.config.max_context_tokens)
+        self.arch = Architecture(model, processor)
+        self.prompts = PromptBuilder(self.arch, processor, self.config)
+        self.eos_ids = frozenset(self.arch.eos_token_ids())
+        max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
         self.scheduler = Scheduler(max_batch, self.config.batch_window_ms / 1000.0)
-        self.runner = ModelRunner(self.adapter, self._make_caches())
+        self.runner = ModelRunner(self.arch, self._make_caches())
         self._stats = EngineStats(max_batch=max_batch)
         self._cv = threading.Condition()
         self._inbox: list[Sequence] = []
@@ -80,7 +80,7 @@ class Engine:
 
     @property
     def tokenizer(self) -> Any:
-        return self.adapter.tokenizer
+        return self.arch.tokenizer
 
     @property
     def image_processor(self) -> Any:
@@ -104,7 +104,7 @@ class Engine:
             return
         self._stopping = False
         if self.config.vision_prefetch:
-            self.runner.prefetcher = VisionPrefetcher(self.adapter, self.runner.caches.image)
+            self.runner.prefetcher = VisionPrefetcher(self.arch, self.runner.caches.image)
         self._thread = threading.Thread(target=self._loop, name="vlmq-engine", daemon=True)
         self._thread.start()
 
@@ -135,7 +135,7 @@ class Engine:
         n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         if n == 0:
             return
-        prompt = Prompt(a[:n], self.adapter.positions(a[:n], []), [])
+        prompt = Prompt(a[:n], self.arch.positions(a[:n], []), [])
         with self._forward_lock:
             entry = self.runner.compute_prefix(prompt)
             self.runner.caches.prefix.add(entry)

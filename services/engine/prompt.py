@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from services.engine.api import GenerationRequest, RequestRejected, SamplingParams
-from services.engine.architectures import ModelAdapter
+from services.engine.architectures import Architecture
 from services.engine.config import EngineConfig
 from services.engine.sequence import ImageSpan, Prompt
 
@@ -19,10 +19,10 @@ MAX_STOP_STRINGS = 8
 
 
 class PromptBuilder:
-    def __init__(self, adapter: ModelAdapter, processor: Any, config: EngineConfig) -> None:
-        self.adapter = adapter
+    def __init__(self, arch: Architecture, processor: Any, config: EngineConfig) -> None:
+        self.arch = arch
         self.processor = processor
-        self.tokenizer = adapter.tokenizer
+        self.tokenizer = arch.tokenizer
         self.config = config
 
     def build(self, request: GenerationRequest) -> Prompt:
@@ -32,7 +32,7 @@ class PromptBuilder:
         if n_parts != len(request.images):
             raise RequestRejected(f"{len(request.images)} images given for {n_parts} image parts in messages")
         for i, image in enumerate(request.images):
-            self.adapter.check_image(image, i)
+            self.arch.check_image(image, i)
         ids = self.tokenize(request.messages)
         ids, spans = self.expand_images(ids, request)
         total = len(ids) + request.sampling.max_tokens
@@ -41,7 +41,7 @@ class PromptBuilder:
                 f"prompt of {len(ids)} tokens + max_tokens {request.sampling.max_tokens} exceeds the "
                 f"context of {self.config.max_context_tokens} tokens"
             )
-        return Prompt(ids, self.adapter.positions(ids, request.images), spans)
+        return Prompt(ids, self.arch.positions(ids, request.images), spans)
 
     def tokenize(self, messages: list[dict[str, Any]]) -> list[int]:
         try:
@@ -54,7 +54,7 @@ class PromptBuilder:
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
     def expand_images(self, ids: list[int], request: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
-        tok = self.adapter.image_token_id
+        tok = self.arch.image_token_id
         found = ids.count(tok)
         if found != len(request.images):
             raise RequestRejected(f"prompt has {found} image placeholders for {len(request.images)} images")
@@ -65,7 +65,7 @@ class PromptBuilder:
                 out.append(t)
                 continue
             image = request.images[len(spans)]
-            n = self.adapter.tokens_per_image(image)
+            n = self.arch.tokens_per_image(image)
             spans.append(ImageSpan(len(out), len(out) + n, len(spans), image.digest))
             out.extend([tok] * n)
         return out, spans

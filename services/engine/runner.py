@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.api import ImageInput
-from services.engine.architectures import ModelAdapter
+from services.engine.architectures import Architecture
 from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
 from services.engine.kv import BatchKV, cache_layers, stack_left
 from services.engine.sequence import Prompt, Sequence
@@ -35,12 +35,12 @@ class Caches:
 
 class ModelRunner:
     def __init__(
-        self, adapter: ModelAdapter, caches: Caches, prefetcher: VisionPrefetcher | None = None
+        self, arch: Architecture, caches: Caches, prefetcher: VisionPrefetcher | None = None
     ) -> None:
-        self.adapter = adapter
+        self.arch = arch
         self.caches = caches
         self.prefetcher = prefetcher
-        self.batch = BatchKV(adapter.make_cache)
+        self.batch = BatchKV(arch.make_cache)
 
     # --- prefill ----------------------------------------------------------------------------------
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -56,9 +56,9 @@ class ModelRunner:
             [self._suffix_positions(s.prompt, s.num_cached_tokens, suffix) for s in seqs], -2
         )
         mask = torch.stack([self._row_mask(s, cached, suffix) for s in seqs])
-        cache = self.adapter.make_cache(self._stack_prefixes(reused, cached) if cached else None)
-        logits = self.adapter.forward(embeds, mask, positions, cache)
-        new = BatchKV(self.adapter.make_cache)
+        cache = self.arch.make_cache(self._stack_prefixes(reused, cached) if cached else None)
+        logits = self.arch.forward(embeds, mask, positions, cache)
+        new = BatchKV(self.arch.make_cache)
         new.ids, new.cache, new.mask = [s.id for s in seqs], cache, mask
         self.batch.merge(new)
         t2 = time.perf_counter()
@@ -117,7 +117,7 @@ class ModelRunner:
                     todo[span.digest] = (s.request.images[span.index], use_cache)
             s.features = {}  # used (or not needed): free them
         if todo:
-            computed = self.adapter.encode_images([img for img, _ in todo.values()])
+            computed = self.arch.encode_images([img for img, _ in todo.values()])
             for (digest, (_, use_cache)), f in zip(todo.items(), computed, strict=True):
                 feats[digest] = f
                 self._cache_image(digest, f, use_cache)
@@ -130,7 +130,7 @@ class ModelRunner:
     def _suffix_embeds(self, seq: Sequence, feats: dict[str, torch.Tensor], width: int) -> torch.Tensor:
         m = seq.num_cached_tokens
         ids = torch.tensor(seq.prompt.token_ids[m:])
-        emb = self.adapter.embed(ids).clone()
+        emb = self.arch.embed(ids).clone()
         for span in seq.prompt.spans:
             if span.end > m:
                 start = max(span.start, m)
@@ -159,12 +159,10 @@ class ModelRunner:
         rows = [by_id[rid] for rid in self.batch.ids]
         assert len(rows) == len(seqs), "decode must cover exactly the running batch"
         step = torch.tensor([[s.output_ids[-1] for s in rows], [s.last_position for s in rows]]).unsqueeze(-1)
-        pos = step[1].expand(3, -1, -1) if self.adapter.grid else step[1]
+        pos = step[1].expand(3, -1, -1) if self.arch.grid else step[1]
         self.batch.append_column()
         assert self.batch.cache is not None
-        logits = self.adapter.forward(
-            self.adapter.embed(step[0]), self.batch.decode_mask(), pos, self.batch.cache
-        )
+        logits = self.arch.forward(self.arch.embed(step[0]), self.batch.decode_mask(), pos, self.batch.cache)
         return rows, logits
 
     # --- leaving ----------------------------------------------------------------------------------
@@ -184,13 +182,13 @@ class ModelRunner:
         self.batch.remove({s.id for s in seqs})
 
     def reset(self) -> None:
-        self.batch = BatchKV(self.adapter.make_cache)
+        self.batch = BatchKV(self.arch.make_cache)
 
     # --- prefix cache -----------------------------------------------------------------------------
     def compute_prefix(self, prompt: Prompt) -> KVEntry:
         """KV of a text-only token prefix, computed alone (batch of one, no padding)."""
         ids = torch.tensor(prompt.token_ids)
-        cache = self.adapter.make_cache(None)
+        cache = self.arch.make_cache(None)
         mask = torch.ones(1, len(ids), dtype=torch.bool)
-        self.adapter.forward(self.adapter.embed(ids)[None], mask, prompt.positions.unsqueeze(-2), cache)
+        self.arch.forward(self.arch.embed(ids)[None], mask, prompt.positions.unsqueeze(-2), cache)
         return KVEntry(tuple(prompt.token_ids), (), cache_layers(cache))

@@ -19,7 +19,7 @@ import threading
 import torch
 
 from services.engine.api import ImageInput
-from services.engine.architectures import ModelAdapter
+from services.engine.architectures import Architecture
 from services.engine.caches import ImageCache
 from services.engine.sequence import Sequence, Status
 
@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class VisionPrefetcher:
-    def __init__(self, adapter: ModelAdapter, image_cache: ImageCache | None) -> None:
-        self.adapter = adapter
+    def __init__(self, arch: Architecture, image_cache: ImageCache | None) -> None:
+        self.arch = arch
         self.image_cache = image_cache
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
@@ -74,4 +74,4 @@ class VisionPrefetcher:
                 todo[span.digest] = seq.request.images[span.index]
         if not todo:
             return {}
-        return dict(zip(todo, self.adapter.encode_images(list(todo.values())), strict=True))
+        return dict(zip(todo, self.arch.encode_images(list(todo.values())), strict=True))

@@ -15,7 +15,6 @@ The vision encoder, embeddings and ``lm_head`` stay in full precision: they are 
 of the weights and the answer is read off ``lm_head`` directly.
 """
 
-import os
 from enum import StrEnum
 from typing import Any
 
@@ -28,10 +27,6 @@ class QuantizeMode(StrEnum):
     BF16 = "bf16"
     INT8 = "int8"
     INT4 = "int4"
-
-
-def mode_from_env(default: str = "none") -> QuantizeMode:
-    return QuantizeMode(os.environ.get("VLMQ_QUANTIZE", default).lower())
 
 
 class Int8Linear(nn.Module):

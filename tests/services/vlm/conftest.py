@@ -9,7 +9,7 @@ import pytest
 import services  # noqa: F401  (registers the processor, as every client does)
 from services.vlm.loading import load_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODEL_DIR = ROOT / "models" / "vlmq-tiny"
 EXAMPLES = ROOT / "examples"
 

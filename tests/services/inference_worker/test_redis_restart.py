@@ -10,8 +10,8 @@ import pytest
 
 from scripts.redis_launcher import RedisServer, start_redis
 from shared.schemas import JobStatus
-from tests.inference_worker.conftest import STACK_ENV
-from tests.inference_worker.test_inference_worker import finished, submit
+from tests.services.inference_worker.conftest import STACK_ENV
+from tests.services.inference_worker.test_inference_worker import finished, submit
 from tests.support.stack import ServiceStack, wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from bench.common import draw_image, image_input
 from services.engine import GenerationRequest, SamplingParams
 from services.engine.caches import CacheIntegrityError, ImageCache, KVEntry, PrefixCache, SessionCache
 from services.engine.sequence import ImageSpan, Prompt
-from tests.engine.reference import check, run_all, user
+from tests.services.engine.reference import check, run_all, user
 
 
 def _feat(value: float) -> torch.Tensor:
@@ -152,7 +152,7 @@ def test_engine_caches_stay_within_bounds(bundled, make_engine):
     image = image_input(proc, draw_image(50))
     feature_bytes = int(image.image_grid_thw.prod()) // 4 * model.config.text_config.hidden_size * 4
     probe = make_engine(model, proc, prewarm=False)
-    session_bytes = probe.adapter.kv_bytes_per_token() * 200
+    session_bytes = probe.arch.kv_bytes_per_token() * 200
     engine = make_engine(
         model, proc, image_cache_bytes=3 * feature_bytes, session_cache_bytes=3 * session_bytes
     )

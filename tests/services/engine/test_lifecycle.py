@@ -20,7 +20,7 @@ from services.engine import (
     SamplingParams,
     TokenEvent,
 )
-from tests.engine.reference import run_all, tokens_of, user
+from tests.services.engine.reference import run_all, tokens_of, user
 
 
 def _req(proc: Any, rid: str, max_tokens: int = 8, **kw: Any) -> GenerationRequest:

@@ -12,7 +12,7 @@ import pytest
 from bench.common import draw_image, image_input
 from bench.engine_workloads import QUESTIONS as WORKLOAD_QUESTIONS
 from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
-from tests.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
+from tests.services.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
 
 QUESTIONS = WORKLOAD_QUESTIONS[:6]  # the bench workload's questions
 

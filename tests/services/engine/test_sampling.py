@@ -13,7 +13,7 @@ from bench.common import draw_image, image_input, load_bundled
 from services.engine import FinishReason, GenerationRequest, SamplingParams
 from services.engine.detok import Detokenizer
 from services.engine.sampling import make_generator, sample
-from tests.engine.reference import run_all, tokens_of, user
+from tests.services.engine.reference import run_all, tokens_of, user
 
 
 def _req(proc: Any, rid: str, sampling: SamplingParams) -> GenerationRequest:

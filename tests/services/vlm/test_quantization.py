@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.vlm.quantization import Int8Linear, QuantizeMode, mode_from_env, model_size_bytes
+from services.vlm.quantization import Int8Linear, model_size_bytes
 
 
 def test_int8_linear_is_close_and_batch_independent() -> None:
@@ -29,8 +29,3 @@ def test_modes_shrink_language_model(loaded: Callable[[str], tuple[Any, Any]]) -
     int8_model = loaded("int8")[0]
     assert any(isinstance(m, Int8Linear) for m in int8_model.model.language_model.modules())
     assert not any(isinstance(m, Int8Linear) for m in int8_model.model.visual.modules())
-
-
-def test_mode_from_env(monkeypatch: Any) -> None:
-    monkeypatch.setenv("VLMQ_QUANTIZE", "INT4")
-    assert mode_from_env() is QuantizeMode.INT4

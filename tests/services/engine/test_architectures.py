@@ -9,7 +9,7 @@ import pytest
 
 from bench.common import draw_image, image_input
 from services.engine import GenerationRequest, SamplingParams
-from tests.engine.reference import check, run_all, tokens_of, user
+from tests.services.engine.reference import check, run_all, tokens_of, user
 
 TIE = 1e-4
 

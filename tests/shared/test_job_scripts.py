@@ -1,0 +1,145 @@
+"""The job state machine's Lua scripts against a real Redis: each refusal and each idempotent retry."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from shared.jobs import (
+    APPEND_TOKENS_LUA,
+    BEGIN_ATTEMPT_LUA,
+    EVENTS_MAXLEN,
+    FINISH_LUA,
+    HANDOFF_LUA,
+    SET_STATUS_LUA,
+    TENSOR_OR_IMAGE_LUA,
+    finish_call,
+    job_keys,
+    new_job_hash,
+    status_args,
+    terminal_event,
+)
+from shared.keys import Keys
+from shared.schemas import ErrorCode, JobEvent, JobStatus
+from tests.support.jobs import make_spec
+
+
+def new_job(r: Any, keys: Keys, status: str = "queued", attempt: int = 0) -> str:
+    spec = make_spec()
+    r.hset(keys.job(spec.job_id), mapping={**new_job_hash(spec), "status": status, "attempt": attempt})
+    return spec.job_id
+
+
+def events(r: Any, keys: Keys, job_id: str) -> list[JobEvent]:
+    return [JobEvent.from_fields(f) for _, f in r.xrange(keys.job_events(job_id))]
+
+
+def set_status(r: Any, keys: Keys, job_id: str, status: JobStatus, fence: int | None = None) -> int:
+    args = status_args(status, time.time(), 60, fence=fence)
+    return int(r.eval(SET_STATUS_LUA, 3, *job_keys(keys, job_id), *args))
+
+
+def finish(r: Any, keys: Keys, job_id: str, status: JobStatus, fence: int | None = None) -> int:
+    event = terminal_event(status, ErrorCode.INTERNAL if status is JobStatus.FAILED else None, "why")
+    script_keys, args = finish_call(keys, job_id, event, status, 60, fence)
+    return int(r.eval(FINISH_LUA, 3, *script_keys, *args))
+
+
+def test_set_status_moves_a_live_job_and_refuses_gone_terminal_or_fenced(
+    redis_client: Any, keys: Keys
+) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, attempt=1)
+    with r.pubsub() as sub:
+        sub.subscribe(keys.job_wake(job_id))
+        assert set_status(r, keys, job_id, JobStatus.DECODING) == 1
+        assert sub.get_message(timeout=1)["type"] == "subscribe"
+        assert sub.get_message(timeout=1)["type"] == "message"  # listeners are woken
+    assert r.hget(keys.job(job_id), "status") == b"decoding"
+    assert [e.status for e in events(r, keys, job_id)] == [JobStatus.DECODING]
+    assert set_status(r, keys, job_id, JobStatus.WAITING, fence=2) == 0  # attempt 2 does not own it
+    assert set_status(r, keys, "no-such-job", JobStatus.WAITING) == 0
+    assert finish(r, keys, job_id, JobStatus.CANCELLED) == 1
+    assert set_status(r, keys, job_id, JobStatus.GENERATING) == 0  # terminal is final
+
+
+def test_finish_writes_once_and_answers_a_resent_finish(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="generating", attempt=2)
+    assert finish(r, keys, job_id, JobStatus.FAILED, fence=1) == -1  # an older attempt
+    assert finish(r, keys, job_id, JobStatus.FAILED, fence=2) == 1
+    assert finish(r, keys, job_id, JobStatus.FAILED, fence=2) == 2  # same attempt, reply lost: idempotent
+    assert finish(r, keys, job_id, JobStatus.CANCELLED) == 0  # the gateway comes too late
+    record = {k.decode(): v.decode() for k, v in r.hgetall(keys.job(job_id)).items()}
+    assert record["status"] == "failed" and record["error"] == "why" and record["error_code"] == "internal"
+    assert record["finished_attempt"] == "2"
+    assert [e.type for e in events(r, keys, job_id)] == ["error"]  # one terminal event
+    assert 0 < r.ttl(keys.job(job_id)) <= 60 and 0 < r.ttl(keys.job_events(job_id)) <= 60
+    assert finish(r, keys, "no-such-job", JobStatus.FAILED) == 0
+
+
+def test_handoff_enqueues_once_from_queued_or_decoding(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="decoding")
+    args = [*status_args(JobStatus.WAITING, time.time(), 60), job_id]
+    script_keys = [*job_keys(keys, job_id), keys.inference_stream()]
+    assert r.eval(HANDOFF_LUA, 4, *script_keys, *args) == 1
+    assert r.eval(HANDOFF_LUA, 4, *script_keys, *args) == 0  # a redelivered decode task
+    assert [f[b"job_id"] for _, f in r.xrange(keys.inference_stream())] == [job_id.encode()]
+    assert r.hget(keys.job(job_id), "status") == b"waiting" and r.hexists(keys.job(job_id), "waiting_at")
+
+
+def test_begin_attempt_counts_deliveries_and_reads_the_cancel_flag(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="waiting")
+    script_keys = [keys.job(job_id), keys.job_cancel(job_id)]
+    attempt, cancelled, flat = r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)
+    assert (attempt, cancelled) == (1, 0) and b"spec" in flat[::2]
+    r.set(keys.job_cancel(job_id), "1")
+    assert r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)[:2] == [2, 1]
+    finish(r, keys, job_id, JobStatus.CANCELLED)
+    assert r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)[0] == 0  # terminal: nothing begun
+    assert r.eval(BEGIN_ATTEMPT_LUA, 2, keys.job("gone"), keys.job_cancel("gone")) == []
+
+
+def append(r: Any, keys: Keys, job_id: str, attempt: int, *spans: tuple[int, int]) -> int:
+    args: list[Any] = [EVENTS_MAXLEN, attempt]
+    for start, end in spans:
+        event = JobEvent(
+            type="token", attempt=attempt, text=f"t{start}", token_ids=list(range(start, end)), index=start
+        )
+        args += [start, end, event.to_fields()["data"]]
+    return int(r.eval(APPEND_TOKENS_LUA, 3, *job_keys(keys, job_id), *args))
+
+
+def test_append_tokens_skips_published_indices_and_refuses_other_attempts(
+    redis_client: Any, keys: Keys
+) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="generating", attempt=1)
+    assert append(r, keys, job_id, 1, (0, 1), (1, 2)) == 1
+    assert append(r, keys, job_id, 1, (1, 2), (2, 3)) == 1  # index 1 re-sent: skipped
+    assert [e.index for e in events(r, keys, job_id)] == [0, 1, 2]
+    assert r.hget(keys.job(job_id), "published") == b"3"
+    assert append(r, keys, job_id, 2, (3, 4)) == 0  # fenced: attempt 1 owns the job
+    finish(r, keys, job_id, JobStatus.CANCELLED)
+    assert append(r, keys, job_id, 1, (3, 4)) == 0  # terminal
+
+
+def test_tensor_or_image_prefers_the_cached_tensor(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    tensor, image = keys.tensor("d", "p"), keys.image("d")
+    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) is None  # neither: expired
+    r.set(image, b"jpeg-bytes")
+    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) == b"jpeg-bytes"
+    r.set(tensor, b"packed")
+    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) == 1 and 0 < r.ttl(tensor) <= 60
+
+
+def test_terminal_event_shapes() -> None:
+    failed = terminal_event(JobStatus.FAILED, ErrorCode.BAD_IMAGE, "corrupt", attempt=3)
+    assert (failed.type, failed.finish_reason, failed.attempt) == ("error", "error", 3)
+    cancelled = terminal_event(JobStatus.CANCELLED, ErrorCode.CANCELLED)
+    assert (cancelled.type, cancelled.finish_reason, cancelled.error) == ("status", "cancelled", None)
+    assert json.loads(cancelled.to_fields()["data"])["status"] == "cancelled"
