@@ -51,7 +51,7 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
         await count_outcome(state, JobStatus.DONE)
         state.metrics.submitted.labels(spec.source).inc()
         return Accepted(spec, JobStatus.DONE, cached)
-    await admit(state.redis, state.keys, state.settings.max_queue_depth, state.throughput)
+    await admit(state.redis, state.keys, spec.job_id, state.settings.max_queue_depth, state.throughput)
     await _write(state, job, None, conversation=False)
     await _enqueue(state, job)
     state.metrics.submitted.labels(spec.source).inc()

@@ -1,8 +1,10 @@
 """Admission before work (architecture contract): refuse a job while the queues are full.
 
-Depth = decode tasks waiting (LLEN of the Celery queue list) + the inference backlog (XLEN of
-the inference stream: acknowledged entries are deleted, so it holds waiting and running jobs).
-Checked before any byte is stored or any task enqueued. Overload -> 429 with ``Retry-After``:
+Depth = accepted jobs not yet terminal (the active-jobs set: queued, decoding, waiting or
+generating). ``ADMIT_LUA`` checks it and adds the new job in one step, so gateways admitting
+at the same moment never pass the cap together. Checked before any byte is stored or any task
+enqueued (a gateway that dies after admitting leaves a member without a record, which the
+sweeper removes). Overload -> 429 with ``Retry-After``:
 the seconds the workers need to bring the depth back under the cap, at their recent completion
 rate (``jobs_total`` in the workers' metrics hash, sampled here over the last minute).
 """
@@ -17,6 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gateway.errors import APIError
+from shared.jobs import ADMIT_LUA
 from shared.keys import Keys
 from shared.metrics_hash import parse_series
 from shared.values import as_str
@@ -24,15 +27,6 @@ from shared.values import as_str
 RATE_WINDOW_S = 60.0
 DEFAULT_RATE = 1.0  # jobs/s assumed until two samples exist
 MAX_RETRY_AFTER_S = 300
-
-
-async def queue_depth(redis: aioredis.Redis, keys: Keys) -> int:
-    """Jobs waiting for decode plus jobs in the inference stream (one round trip)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.llen(keys.decode_queue())
-        pipe.xlen(keys.inference_stream())
-        decode, inference = await pipe.execute()
-    return int(decode) + int(inference)
 
 
 class Throughput:
@@ -62,10 +56,12 @@ async def jobs_total(redis: aioredis.Redis, keys: Keys) -> float:
     return total
 
 
-async def admit(redis: aioredis.Redis, keys: Keys, max_depth: int, throughput: Throughput) -> None:
-    """Raise 429 (with Retry-After) when ``max_depth`` jobs are already queued."""
-    depth = await queue_depth(redis, keys)
-    if depth < max_depth:
+async def admit(
+    redis: aioredis.Redis, keys: Keys, job_id: str, max_depth: int, throughput: Throughput
+) -> None:
+    """Reserve the job's place in the active set, or raise 429 (with Retry-After) at ``max_depth``."""
+    depth = int(await redis.eval(ADMIT_LUA, 1, keys.active_jobs(), max_depth, time.time(), keys.job(job_id)))
+    if depth < 0:
         return
     rate = await throughput.rate(redis, keys)
     wait = min(MAX_RETRY_AFTER_S, max(1, math.ceil((depth - max_depth + 1) / rate)))

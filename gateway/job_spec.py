@@ -53,10 +53,11 @@ def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> Sampli
 
 async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
     now = time.time()
+    max_job_s = state.settings.max_job_s  # every job ends, whatever the client asked
     spec = JobSpec(
         job_id=new_id(),
         created_at=now,
-        deadline=now + sub.timeout_s if sub.timeout_s else None,
+        deadline=now + min(sub.timeout_s or max_job_s, max_job_s),
         messages=[],
         sampling=sampling_spec(sub.options, state.settings.default_max_tokens),
         use_cache=sub.use_cache,

@@ -3,8 +3,9 @@
 A stream stops at the terminal event or when the client leaves. A job submitted with
 ``cancel_on_disconnect`` is cancelled when its last listener on this gateway leaves before
 the end (listeners are counted per process: one gateway per deployment for now).
-Readers use the stream pool (``state.streams``); routes call ``state.check_stream_slot()``
-before starting a stream, so a full pool answers 503 instead of blocking.
+Readers use the stream pool (``state.streams``); routes take a slot
+(``state.stream_slots.take()``) before starting a stream, so a full pool answers 503 instead of
+blocking.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ async def job_events(
 ) -> AsyncIterator[tuple[str, JobEvent]]:
     """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule."""
     _listeners[job_id] += 1
-    state.open_streams += 1
     state.metrics.open_streams.labels(kind).inc()
     finished = False
 
@@ -52,7 +52,6 @@ async def job_events(
             yield item
         finished = True
     finally:
-        state.open_streams -= 1
         state.metrics.open_streams.labels(kind).dec()
         _listeners[job_id] -= 1
         if _listeners[job_id] <= 0:

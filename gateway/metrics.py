@@ -7,7 +7,6 @@ client, then a custom collector turns the snapshot into ``vlmq_*`` families.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import defaultdict
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared import workers
 from shared.keys import Keys
 from shared.metrics_hash import parse_series
 from shared.values import as_str
@@ -33,29 +33,23 @@ class RedisSnapshot:
     counters: dict[str, float] = field(default_factory=dict)
 
 
-async def inference_depth(redis: aioredis.Redis, keys: Keys) -> int:
-    """Jobs in the inference stream (waiting or running): XLEN, since acked entries are deleted."""
-    return int(await redis.xlen(keys.inference_stream()))
+async def read_heartbeats(redis: aioredis.Redis, keys: Keys, stale_s: float) -> list[dict[str, Any]]:
+    """Heartbeats of the workers registered within ``stale_s`` (``shared.workers``: no SCAN)."""
+    ids: list[Any] = await redis.zrangebyscore(keys.workers(), time.time() - stale_s, "+inf")
+    return workers.parse(await redis.mget(workers.heartbeat_keys(keys, ids))) if ids else []
 
 
-async def read_heartbeats(redis: aioredis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    names = [k async for k in redis.scan_iter(match=keys.worker_pattern(), count=200)]
-    values: list[Any] = await redis.mget(names) if names else []
-    beats = []
-    for raw in values:
-        try:
-            beats.append(json.loads(raw))
-        except (TypeError, ValueError):
-            continue
-    return beats
-
-
-async def take_snapshot(redis: aioredis.Redis, keys: Keys) -> RedisSnapshot:
-    counters = await redis.hgetall(keys.metrics_counters())
+async def take_snapshot(redis: aioredis.Redis, keys: Keys, stale_s: float) -> RedisSnapshot:
+    """Everything /metrics shows from Redis, in O(1) commands (no SCAN)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.metrics_counters())
+        pipe.xlen(keys.inference_stream())
+        pipe.llen(keys.decode_queue())
+        counters, inference, decode = await pipe.execute()
     return RedisSnapshot(
-        inference_depth=await inference_depth(redis, keys),
-        decode_depth=int(await redis.llen(keys.decode_queue())),
-        heartbeats=await read_heartbeats(redis, keys),
+        inference_depth=int(inference),
+        decode_depth=int(decode),
+        heartbeats=await read_heartbeats(redis, keys, stale_s),
         counters={as_str(k): _num(v) for k, v in counters.items() if _num(v) is not None},  # type: ignore[misc]
     )
 
@@ -224,7 +218,7 @@ class GatewayMetrics:
         self.registry.register(self.redis_figures)
 
     async def render(self, redis: aioredis.Redis, keys: Keys) -> bytes:
-        self.redis_figures.snapshot = await take_snapshot(redis, keys)
+        self.redis_figures.snapshot = await take_snapshot(redis, keys, self.redis_figures.stale_s)
         return generate_latest(self.registry)
 
 

@@ -8,26 +8,15 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from gateway.admission import Throughput
-from gateway.decode_queue import DecodeQueue
-from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
+from gateway.stream_slots import StreamSlots
 from shared.config import GatewaySettings
+from shared.decode_task import DecodeTasks
 from shared.jobs import FINISH_LUA, SET_STATUS_LUA
 from shared.keys import Keys
+from shared.redis_clients import async_pool
 
 API_CONNECTIONS = 128
-
-
-def _pool(settings: GatewaySettings, size: int, socket_timeout: float) -> aioredis.BlockingConnectionPool:
-    # Short timeouts: a Redis outage becomes a fast 503, not a hung request.
-    return aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=size,
-        timeout=5,
-        socket_connect_timeout=2.0,
-        socket_timeout=socket_timeout,
-        health_check_interval=30,
-    )
 
 
 @dataclass
@@ -38,12 +27,12 @@ class GatewayState:
     settings: GatewaySettings
     redis: aioredis.Redis
     streams: aioredis.Redis
-    decode: DecodeQueue
+    decode: DecodeTasks
     metrics: GatewayMetrics
     finish: AsyncScript
     set_status: AsyncScript
+    stream_slots: StreamSlots
     throughput: Throughput = field(default_factory=Throughput)
-    open_streams: int = 0
 
     @property
     def keys(self) -> Keys:
@@ -51,27 +40,20 @@ class GatewayState:
 
     @classmethod
     def create(cls, settings: GatewaySettings) -> GatewayState:
-        client = aioredis.Redis(connection_pool=_pool(settings, API_CONNECTIONS, 10.0))
-        streams = aioredis.Redis(connection_pool=_pool(settings, settings.stream_connections, 10.0))
+        client = aioredis.Redis(connection_pool=async_pool(settings.redis_url, API_CONNECTIONS, 10.0))
+        streams = aioredis.Redis(
+            connection_pool=async_pool(settings.redis_url, settings.stream_connections, 10.0)
+        )
         return cls(
             settings=settings,
             redis=client,
             streams=streams,
-            decode=DecodeQueue(settings),
+            decode=DecodeTasks(settings),
             metrics=GatewayMetrics(settings.worker_stale_s),
             finish=client.register_script(FINISH_LUA),
             set_status=client.register_script(SET_STATUS_LUA),
+            stream_slots=StreamSlots(settings.stream_connections),
         )
-
-    def check_stream_slot(self) -> None:
-        """503 when every stream connection is taken (checked before a stream response starts)."""
-        if self.open_streams >= self.settings.stream_connections:
-            raise APIError(
-                503,
-                f"too many open streams ({self.open_streams}); poll GET /v1/jobs/{{id}} or retry shortly",
-                code="streams_full",
-                headers={"Retry-After": "1"},
-            )
 
     async def close(self) -> None:
         self.decode.close()

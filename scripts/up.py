@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Supervisor
+from shared import workers
 from shared.config import (
     CommonSettings,
     DecodeWorkerSettings,
@@ -109,7 +110,7 @@ def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float) -> bool:
     url = f"http://{gw.host}:{gw.port}/healthz"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not sup.exited():
-        worker = any(True for _ in client.scan_iter(match=gw.keys.worker_pattern()))
+        worker = bool(workers.live_sync(client, gw.keys, gw.worker_stale_s, time.time()))
         try:
             gateway = httpx.get(url, timeout=1.0).status_code == 200
         except httpx.HTTPError:

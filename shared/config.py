@@ -8,8 +8,9 @@ starting a process and get a fully isolated configuration.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.keys import Keys
@@ -40,6 +41,26 @@ class CommonSettings(BaseSettings):
     worker_stale_s: float = Field(
         10.0, description="Heartbeat TTL of inference workers; /readyz counts an older heartbeat as gone"
     )
+    max_job_s: float = Field(
+        1800.0,
+        description="Upper bound on every job's life (timeout_s is capped by it); must be below job_ttl_s",
+    )
+    stuck_after_s: float = Field(
+        30.0,
+        description="A job queued/decoding/waiting this long without progress is re-enqueued by the sweeper",
+    )
+    max_decode_attempts: int = Field(
+        3, description="Decode deliveries (worker deaths, sweeper re-enqueues) after which a job fails"
+    )
+
+    @model_validator(mode="after")
+    def _job_ends_before_its_record(self) -> Self:
+        if self.max_job_s >= self.job_ttl_s:
+            raise ValueError(
+                f"max_job_s ({self.max_job_s}) must be below job_ttl_s ({self.job_ttl_s}): "
+                "a job's record must outlive the job"
+            )
+        return self
 
     @property
     def keys(self) -> Keys:
@@ -70,9 +91,6 @@ class DecodeWorkerSettings(CommonSettings):
     decode_concurrency: int = Field(2, description="Celery prefork processes for image decoding")
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
-    max_decode_attempts: int = Field(
-        3, description="Decode deliveries (worker deaths) after which a job fails"
-    )
 
 
 class InferenceSettings(CommonSettings):

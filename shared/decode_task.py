@@ -1,8 +1,8 @@
 """The decode task as both sides see it: its name, its queue, and the Celery app settings the
 gateway (which enqueues) and the decode workers (which run it) must agree on.
 
-The gateway builds its Celery app here, with no task modules (it enqueues by task name and never
-imports ``worker``); the decode workers add ``worker.tasks`` to the same configuration.
+The gateway and the inference worker's sweeper enqueue with ``DecodeTasks`` (by task name, never
+importing ``worker``); the decode workers add ``worker.tasks`` to the same configuration.
 
 Reliability settings, why each:
 - JSON only, never pickle: a message can't execute code in a worker.
@@ -15,18 +15,31 @@ Reliability settings, why each:
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from celery import Celery
+from kombu.serialization import dumps
 
-from shared.config import DecodeWorkerSettings
+from shared.config import CommonSettings
 
 DECODE_TASK = "vlmq.decode"
 DECODE_QUEUE = "decode"
 
 
-def make_celery_app(settings: DecodeWorkerSettings, include: Sequence[str] = ()) -> Celery:
-    """A Celery app on the settings' Redis with vlmq's broker and task settings."""
+def make_celery_app(
+    settings: CommonSettings, include: Sequence[str] = (), visibility_timeout_s: int | None = None
+) -> Celery:
+    """A Celery app on the settings' Redis with vlmq's broker and task settings.
+
+    ``visibility_timeout_s`` matters to consumers only (the decode workers pass theirs)."""
+    # the queue list is then keys.decode_queue()
+    transport: dict[str, Any] = {"global_keyprefix": settings.keys.celery_prefix()}
+    if visibility_timeout_s is not None:
+        transport["visibility_timeout"] = visibility_timeout_s
     app = Celery("vlmq", broker=settings.redis_url, include=list(include))
     app.conf.update(
         task_serializer="json",
@@ -47,9 +60,59 @@ def make_celery_app(settings: DecodeWorkerSettings, include: Sequence[str] = ())
         task_time_limit=120,
         task_soft_time_limit=90,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={
-            "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": settings.keys.celery_prefix(),  # queue list: keys.decode_queue()
-        },
+        broker_transport_options=transport,
     )
     return app
+
+
+class DecodeTasks:
+    """Enqueues ``vlmq.decode(job_id)`` with a plain Redis client (the gateway's asyncio one, or the
+    sweeper's): an LPUSH that can share a MULTI or a Lua script with the caller's other writes.
+
+    The message is the one Celery's ``send_task`` would publish (task protocol 2, JSON, in kombu's
+    Redis-transport envelope), built (``as_task_v2``) with a Celery app configured as the decode
+    workers' (``shared.decode_task``), and pushed with the gateway's asyncio Redis client: no broker
+    connection of Celery's own, no thread hop, and it can share a round trip (MULTI) with the
+    gateway's other writes. What kombu's Redis transport does on publish, and so what this does:
+    ``LPUSH <global_keyprefix><queue> <envelope>`` (the default exchange ``""`` routes by queue name;
+    priority 0 is the queue's own list).
+    ``tests/shared/test_decode_task.py`` checks the envelope against a real ``send_task``.
+
+    One difference from ``send_task``: no ``task-sent`` monitoring event is published (the worker's
+    ``task-received``/``-started``/``-succeeded`` events still are, so Flower still shows every task).
+    """
+
+    def __init__(self, settings: CommonSettings) -> None:
+        self.app: Celery = make_celery_app(settings)
+        self.key = settings.keys.decode_queue()  # global_keyprefix + queue name
+
+    def message(self, job_id: str, task_id: str | None = None) -> str:
+        """The kombu Redis envelope of one ``vlmq.decode(job_id)`` task (a JSON string)."""
+        task_id = task_id or str(uuid.uuid4())
+        headers, properties, body, _sent = self.app.amqp.as_task_v2(
+            task_id, DECODE_TASK, args=[job_id], kwargs={}, reply_to=self.app.thread_oid, ignore_result=None
+        )
+        content_type, encoding, payload = dumps(body, serializer="json")
+        raw = payload if isinstance(payload, bytes) else payload.encode(encoding)
+        envelope: dict[str, Any] = {
+            "body": base64.b64encode(raw).decode("ascii"),
+            "content-encoding": encoding,
+            "content-type": content_type,
+            "headers": headers,
+            "properties": {
+                **properties,
+                "delivery_mode": 2,  # persistent
+                "delivery_info": {"exchange": "", "routing_key": DECODE_QUEUE},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+        return json.dumps(envelope)
+
+    def push(self, pipe: Any, job_id: str) -> None:
+        """Queue the task's LPUSH on ``pipe`` (a Redis pipeline, sync or asyncio)."""
+        pipe.lpush(self.key, self.message(job_id))
+
+    def close(self) -> None:
+        self.app.close()

@@ -44,6 +44,15 @@ class Keys:
         """Stream read by inference workers through the consumer group ``INFERENCE_GROUP``."""
         return f"{self.prefix}:inference"
 
+    def active_jobs(self) -> str:
+        """Sorted set: every accepted job not yet terminal (member: its ``job`` key), scored by the
+        time of its last progress. Its size is the admission depth; the sweeper reads its old end."""
+        return f"{self.prefix}:jobs:active"
+
+    def sweeper_lock(self) -> str:
+        """String held by the one inference worker sweeping stuck jobs right now (NX, short TTL)."""
+        return f"{self.prefix}:sweeper"
+
     def dead_letters(self) -> str:
         """Stream of jobs that exceeded the delivery cap."""
         return f"{self.prefix}:dead"
@@ -69,8 +78,9 @@ class Keys:
         """String (JSON stats) with a short TTL; its presence means the worker is alive."""
         return f"{self.prefix}:worker:{worker_id}"
 
-    def worker_pattern(self) -> str:
-        return f"{self.prefix}:worker:*"
+    def workers(self) -> str:
+        """Sorted set of inference worker ids scored by their last heartbeat (readers never SCAN)."""
+        return f"{self.prefix}:workers"
 
     def metrics_counters(self) -> str:
         """Hash of counters published by workers (jobs by outcome, stage time sums...)."""

@@ -13,7 +13,10 @@ from shared.decode_task import make_celery_app
 
 
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
-    return make_celery_app(settings or get_decode_worker_settings(), include=["worker.tasks"])
+    settings = settings or get_decode_worker_settings()
+    return make_celery_app(
+        settings, include=["worker.tasks"], visibility_timeout_s=settings.visibility_timeout_s
+    )
 
 
 app = make_app()

@@ -27,6 +27,7 @@ from shared.jobs import (
     finish_call,
     job_keys,
     pipe_script,
+    record_dead_letter,
     refusal,
     status_args,
     terminal_event,
@@ -87,8 +88,7 @@ class DecodePipeline:
         replies = pipe.execute()
         attempts, found = int(replies[0]), replies[3] if digest is not None else None
         if attempts > self.settings.max_decode_attempts:
-            reason = f"dead letter: decoding this image was interrupted {attempts - 1} times"
-            return self.fail(job_id, reason, ErrorCode.BAD_IMAGE)
+            return self._dead_letter(job_id, attempts - 1)
         packed = None
         if digest is not None and found != 1:
             if found is None:
@@ -138,6 +138,14 @@ class DecodePipeline:
         if not pipe.execute()[-1]:
             return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
         return DecodeOutcome("waiting", "", decode_s, cache_hit)
+
+    def _dead_letter(self, job_id: str, interrupted: int) -> DecodeOutcome:
+        reason = f"decoding this image was interrupted {interrupted} times"
+        outcome = self.fail(job_id, f"dead letter: {reason}", ErrorCode.BAD_IMAGE)
+        pipe = self.r.pipeline(transaction=False)
+        record_dead_letter(pipe, self.keys, job_id, "decode", interrupted, reason)
+        pipe.execute()
+        return outcome
 
     def fail(self, job_id: str, reason: str, code: ErrorCode = ErrorCode.INTERNAL) -> DecodeOutcome:
         self._finish_status(job_id, JobStatus.FAILED, reason, code)

@@ -16,6 +16,7 @@ from celery.signals import worker_process_init
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import get_decode_worker_settings
 from shared.decode_task import DECODE_TASK
+from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
 from worker.celery_app import app
 from worker.imaging import configure_pillow
@@ -35,7 +36,7 @@ def pipeline() -> DecodePipeline:
         torch.set_num_threads(1)  # one decode per process; parallelism comes from -c N
     except ImportError:
         pass
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+    client = sync_client(settings.redis_url)
     return DecodePipeline(client, settings, ImageProcessorHandle.load(settings.model))
 
 

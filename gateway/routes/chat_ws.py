@@ -106,28 +106,45 @@ async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
     try:
         while (message := await conn.next_job(reader)) is not None:
             try:
-                state.check_stream_slot()
-                accepted = await submit(state, await from_ws_message(message, state.settings))
+                slot = state.stream_slots.take()
             except APIError as exc:
                 await websocket.send_json(_error(exc))
                 continue
-            spec = accepted.spec
-            conn.current = spec.job_id
-            await websocket.send_json(
-                {
-                    "type": "accepted",
-                    "id": spec.job_id,
-                    "session_id": spec.conversation_id,
-                    "status": accepted.status.value,
-                    "result_cached": accepted.cached is not None,
-                }
-            )
-            events = job_events(state, spec.job_id, "0", "chat_ws", spec.cancel_on_disconnect)
-            finished = await ws_send_events(websocket, events, reader)
-            conn.current = None
+            with slot:
+                finished = await _submit_and_stream(websocket, state, conn, message, reader)
             if not finished:
                 return
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
         reader.cancel()
+
+
+async def _submit_and_stream(
+    websocket: WebSocket,
+    state: GatewayState,
+    conn: _Connection,
+    message: dict[str, Any],
+    reader: asyncio.Task[None],
+) -> bool:
+    """One job of the connection: accepted (or refused) and streamed. False once the client left."""
+    try:
+        accepted = await submit(state, await from_ws_message(message, state.settings))
+    except APIError as exc:
+        await websocket.send_json(_error(exc))
+        return True
+    spec = accepted.spec
+    conn.current = spec.job_id
+    await websocket.send_json(
+        {
+            "type": "accepted",
+            "id": spec.job_id,
+            "session_id": spec.conversation_id,
+            "status": accepted.status.value,
+            "result_cached": accepted.cached is not None,
+        }
+    )
+    events = job_events(state, spec.job_id, "0", "chat_ws", spec.cancel_on_disconnect)
+    finished = await ws_send_events(websocket, events, reader)
+    conn.current = None
+    return finished

@@ -47,7 +47,8 @@ def worker_problems(beats: list[dict[str, Any]], stale_s: float) -> tuple[int, l
 async def readyz(state: StateDep) -> JSONResponse:
     try:
         await asyncio.wait_for(state.redis.ping(), REDIS_CHECK_S)
-        beats = await asyncio.wait_for(read_heartbeats(state.redis, state.keys), REDIS_CHECK_S)
+        stale_s = state.settings.worker_stale_s
+        beats = await asyncio.wait_for(read_heartbeats(state.redis, state.keys, stale_s), REDIS_CHECK_S)
     except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
         return JSONResponse(
             {"status": "unavailable", "reasons": [f"redis unreachable: {exc}"]}, status_code=503

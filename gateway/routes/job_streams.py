@@ -22,6 +22,7 @@ from gateway.job_records import current_record
 from gateway.listeners import event_payload, job_events, until_disconnect, ws_open, ws_send_events
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
+from gateway.stream_slots import SlotEventSourceResponse
 
 router = APIRouter(prefix="/v1/jobs", tags=["streams"])
 
@@ -45,10 +46,11 @@ async def job_events_sse(
 ) -> EventSourceResponse:
     record = await current_record(state, job_id)
     last_id = check_event_id(last_event_id_header or last_event_id)
-    state.check_stream_slot()
+    slot = state.stream_slots.take()
     stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
-    return EventSourceResponse(
+    return SlotEventSourceResponse(
         stream,
+        slot=slot,
         ping=PING_S,
         headers={"Cache-Control": "no-store"},
         shutdown_event=anyio.Event(),
@@ -64,7 +66,7 @@ async def job_events_ws(
     try:
         record = await current_record(state, job_id)
         last_id = check_event_id(last_event_id)
-        state.check_stream_slot()
+        slot = state.stream_slots.take()
     except APIError as exc:
         body = error_body(exc.status_code, exc.message, exc.param, exc.code)
         await websocket.send_json({"type": "error", **body})
@@ -77,4 +79,5 @@ async def job_events_ws(
             # 1012 (service restart) tells the client to reconnect with its last id.
             await websocket.close(code=1012 if server_exiting() else 1000)
     finally:
+        slot.release()
         watcher.cancel()

@@ -29,6 +29,7 @@ from gateway.openai_schema import ChatCompletionRequest, chunk_json, completion_
 from gateway.request_params import ID_PATTERN
 from gateway.routes.job_streams import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
+from gateway.stream_slots import SlotEventSourceResponse, StreamSlot
 from shared.jobs import JobRecord
 from shared.schemas import ErrorCode, JobStatus
 
@@ -67,9 +68,25 @@ async def chat_completions(
     no_cache: NoCacheDep,
     x_session_id: Annotated[str | None, Header(pattern=ID_PATTERN)] = None,
 ) -> JSONResponse | EventSourceResponse:
-    state.check_stream_slot()  # even a non-streaming answer waits on the job's event stream
-    with state.metrics.submit_seconds.time():
-        accepted = await submit(state, await from_openai(body, state.settings, x_session_id, no_cache))
+    slot = state.stream_slots.take()  # even a non-streaming answer waits on the job's event stream
+    try:
+        with state.metrics.submit_seconds.time():
+            accepted = await submit(state, await from_openai(body, state.settings, x_session_id, no_cache))
+        return await _answer(body, request, state, accepted, no_cache, slot)
+    except BaseException:
+        slot.release()
+        raise
+
+
+async def _answer(
+    body: ChatCompletionRequest,
+    request: Request,
+    state: GatewayState,
+    accepted: Accepted,
+    no_cache: bool,
+    slot: StreamSlot,
+) -> JSONResponse | EventSourceResponse:
+    """The streamed answer (the response releases the slot when it ends) or the whole one."""
     headers = {
         "X-VLMQ-Job-Id": accepted.spec.job_id,
         "X-Session-Id": accepted.spec.affinity_key or "",
@@ -77,14 +94,16 @@ async def chat_completions(
     }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventSourceResponse(
+        return SlotEventSourceResponse(
             _chunks(state, accepted, include_usage),
+            slot=slot,
             headers=headers,
             ping=15,
             shutdown_event=anyio.Event(),
             shutdown_grace_period=SHUTDOWN_GRACE_S,
         )
-    record = await _wait(request, state, accepted.spec.job_id)
+    with slot:
+        record = await _wait(request, state, accepted.spec.job_id)
     if record is None:  # client left: job_events already cancelled it
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
     if not record.status.terminal:  # the stream ended early: this gateway is shutting down

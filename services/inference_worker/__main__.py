@@ -11,12 +11,11 @@ import signal
 import sys
 from types import FrameType
 
-import redis
-
 from services.engine import Engine
 from services.inference_worker.engine_setup import engine_config, tensor_processor_id
 from services.inference_worker.loop import InferenceWorker
 from shared.config import get_inference_settings
+from shared.redis_clients import sync_client
 
 log = logging.getLogger("services.inference_worker")
 
@@ -36,7 +35,7 @@ def main() -> int:
     settings = get_inference_settings()
     sys.setswitchinterval(settings.gil_switch_interval_s)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, health_check_interval=30)
+    client = sync_client(settings.redis_url)
     engine = Engine.from_pretrained(engine_config(settings))
     worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))
     install_signals(worker)

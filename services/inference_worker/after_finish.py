@@ -12,6 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.stream_consumer import StreamConsumer
 from shared import conversations, metrics_hash, result_cache
@@ -55,7 +57,7 @@ class FinishEffects:
                 self._side_effects(pipe, item.run, item.event, item.status)
             if item.reply != FENCED:
                 self.consumer.ack(pipe, item.run.entry.entry_id)
-        pipe.execute()
+        _execute(pipe)
         for item in done:
             note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
             log.info(
@@ -70,7 +72,7 @@ class FinishEffects:
     def ack(self, run: JobRun) -> None:
         pipe = self.r.pipeline(transaction=False)
         self.consumer.ack(pipe, run.entry.entry_id)
-        pipe.execute()
+        _execute(pipe)
 
     def _side_effects(self, pipe: Any, run: JobRun, event: JobEvent, status: JobStatus) -> None:
         key = self.keys.metrics_counters()
@@ -94,3 +96,11 @@ class FinishEffects:
                 metrics_hash.observe(pipe, key, "stage_seconds", seconds, stage=stage)
         gaps = [b - a for a, b in zip(run.token_times, run.token_times[1:], strict=False)]
         metrics_hash.observe_many(pipe, key, "inter_token_seconds", gaps)
+
+
+def _execute(pipe: Any) -> None:
+    """Run the side effects; one refused command (an XACK of a stream that vanished: NOGROUP) must
+    not undo or block the others, so errors are logged, not raised. Connection errors still raise."""
+    for reply in pipe.execute(raise_on_error=False):
+        if isinstance(reply, redis.ResponseError):
+            log.warning("a side effect after a job's end was refused: %s", reply)

@@ -11,7 +11,8 @@ A second round trip (``finish.after_finish``) records session, result cache and 
 jobs whose terminal state this attempt wrote, and acknowledges their stream entries.
 
 Only connection errors and timeouts are retried (Redis restarting); any other Redis error fails
-the affected jobs and marks this writer (and so the worker's heartbeat) unhealthy.
+the affected jobs and marks this writer (and so the worker's heartbeat) unhealthy until a later
+write goes through.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class EventWriter(threading.Thread):
         """``flush`` then ``after_finish``, retrying connection errors; other errors fail the jobs."""
         try:
             done = self._retry(lambda: self.flush(batch))
+            self.error = None  # a write went through: whatever failed before has passed
             if done:
                 self._retry(lambda: self.effects.after_finish(done))
         except redis.RedisError as exc:

@@ -23,6 +23,7 @@ from shared.jobs import (
     finish_args,
     job_keys,
     pipe_script,
+    record_dead_letter,
     status_args,
     terminal_event,
 )
@@ -149,11 +150,13 @@ class JobStore:
         event = terminal_event(status, code, error, attempt)
         return self.finish(job_id, event, status, attempt if fenced else None) in (1, 2)
 
-    def dead_letter(self, job_id: str, attempt: int, reason: str) -> None:
-        """Fail the job (the delivery cap was passed by ``attempt``) and record it in the dead letters."""
-        self.fail(job_id, f"dead letter: {reason}", attempt)
-        payload = {"job_id": job_id, "attempts": str(attempt - 1), "reason": reason, "ts": str(time.time())}
-        self.r.xadd(self.keys.dead_letters(), payload, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+    def dead_letter(self, job_id: str, stage: str, attempts: int, reason: str, fence: int | None) -> None:
+        """Fail the job for good (``fence``: the attempt that passed the cap, None: unfenced) and
+        record it in the dead letters."""
+        self.fail(job_id, f"dead letter: {reason}", fence or 0, fenced=fence is not None)
+        pipe = self.r.pipeline(transaction=False)
+        record_dead_letter(pipe, self.keys, job_id, stage, attempts, reason)
+        pipe.execute()
 
     def job_keys(self, job_id: str) -> list[str]:
         return job_keys(self.keys, job_id)

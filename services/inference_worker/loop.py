@@ -10,7 +10,6 @@ attempt is fenced: it can no longer write the job).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -27,7 +26,8 @@ from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import JobStore
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
-from shared import metrics_hash
+from services.inference_worker.sweeper import Sweeper
+from shared import metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
 from shared.schemas import ErrorCode, JobStatus
@@ -60,7 +60,8 @@ class InferenceWorker:
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
-        self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0}
+        self.sweeper = Sweeper(client, settings, self.worker_id, self.store)
+        self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0, "sweep": 0.0}
 
     # --- lifecycle ---
     def run(self) -> None:
@@ -76,15 +77,24 @@ class InferenceWorker:
             try:
                 self.tick()
                 backoff = 0.1
-            except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):  # Redis lost the stream (restart without persistence)
-                    raise
-                self.consumer.ensure_group()
-            except redis.RedisError as exc:  # Redis down or restarting: wait, keep running jobs
-                log.warning("redis error in the reader loop (%s); retrying in %.1fs", exc, backoff)
-                time.sleep(backoff)
-                backoff = min(2 * backoff, 2.0)
+            except redis.RedisError as exc:  # down, restarting, or the stream/group vanished
+                backoff = self._recover(exc, backoff)
         self.shutdown()
+
+    def _recover(self, exc: redis.RedisError, backoff: float) -> float:
+        """After a Redis error: recreate the stream's group if it vanished (DEL, FLUSHDB, eviction, a
+        restart without persistence), wait a little, carry on. Running jobs keep running; the
+        sweeper re-enqueues jobs whose entries were lost. Returns the next wait."""
+        log.warning(
+            "redis error in the reader loop (%s: %s); retrying in %.1fs", type(exc).__name__, exc, backoff
+        )
+        time.sleep(backoff)
+        if isinstance(exc, redis.ResponseError):
+            try:
+                self.consumer.ensure_group()
+            except redis.RedisError as again:
+                log.warning("could not recreate the consumer group yet: %s", again)
+        return min(2 * backoff, 2.0)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -99,6 +109,9 @@ class InferenceWorker:
             self._next["claim"] = now + max(0.5, self.settings.claim_idle_ms / 2000)
             for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots()):
                 self.handle(entry)
+        if now >= self._next["sweep"]:
+            self._next["sweep"] = now + self.sweeper.period_s
+            self.sweeper.sweep()
         free = self.free_slots()
         if free <= 0:  # full: wait for a job to finish (not a fixed sleep), then read at once
             self._slot_freed.wait(READ_BLOCK_MS / 1000)
@@ -123,7 +136,9 @@ class InferenceWorker:
         self.writer.stop()
         for run in leftover:
             self.store.set_status(run.job_id, JobStatus.WAITING, run.attempt)
-        self.r.delete(self.keys.worker_heartbeat(self.worker_id))
+        pipe = self.r.pipeline(transaction=False)
+        workers.withdraw(pipe, self.keys, self.worker_id)
+        pipe.execute()
         log.info("inference worker %s stopped (%d jobs released)", self.worker_id, len(leftover))
 
     # --- one stream entry ---
@@ -148,7 +163,8 @@ class InferenceWorker:
             return self._ack(entry)  # gone, or finished by an earlier delivery
         record, attempt = begun.record, begun.attempt
         if attempt > self.settings.max_deliveries:
-            self.store.dead_letter(entry.job_id, attempt, f"delivered {attempt - 1} times without finishing")
+            why = f"delivered {attempt - 1} times without finishing"
+            self.store.dead_letter(entry.job_id, "inference", attempt - 1, why, fence=attempt)
             return self._ack(entry, outcome=JobStatus.FAILED)
         if reason := self._refusal(record, attempt, begun.cancelled):
             return self._ack(entry, outcome=reason)
@@ -237,7 +253,9 @@ class InferenceWorker:
             "engine": self.engine.stats().to_dict(),
         }
         ttl_ms = int(1000 * self.settings.worker_stale_s)  # the gateway's staleness rule, same setting
-        self.r.set(self.keys.worker_heartbeat(self.worker_id), json.dumps(beat, default=str), px=ttl_ms)
+        pipe = self.r.pipeline(transaction=False)
+        workers.publish(pipe, self.keys, beat, ttl_ms)
+        pipe.execute()
 
     def _finished(self, run: JobRun) -> None:
         """Writer thread: the job's terminal state is written and its entry acknowledged."""

@@ -17,13 +17,17 @@ from shared.keys import INFERENCE_GROUP
 from shared.values import as_str
 
 # KEYS: stream. ARGV: group, consumer, entry ids. Resets the idle time of the entries still owned
-# by the consumer (owner checked atomically with XPENDING); returns those ids.
+# by the consumer (owner checked atomically with XPENDING); returns those ids, and the ids of
+# entries that are gone from the stream altogether (the stream was deleted or flushed: nobody else
+# can own them, the run goes on and the sweeper enqueues its job again if it stalls).
 RENEW_LUA = """
 local owned = {}
 for i = 3, #ARGV do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if p[1] and p[1][2] == ARGV[2] then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    table.insert(owned, ARGV[i])
+  elseif not p[1] and #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 0 then
     table.insert(owned, ARGV[i])
   end
 end

@@ -11,23 +11,37 @@ States (docs/service-contract.md has the diagram): queued -> decoding -> waiting
 """
 
 from shared.jobs.lua import (
+    ADMIT_LUA,
     APPEND_TOKENS_LUA,
     BEGIN_ATTEMPT_LUA,
     FINISH_LUA,
     HANDOFF_LUA,
+    REDECODE_LUA,
+    REQUEUE_INFERENCE_LUA,
     SET_STATUS_LUA,
     TENSOR_OR_IMAGE_LUA,
 )
 from shared.jobs.record import EVENTS_MAXLEN, JobRecord, new_job_hash
 from shared.jobs.refusal import Refusal, past_deadline, refusal
-from shared.jobs.writes import finish_args, finish_call, job_keys, pipe_script, status_args, terminal_event
+from shared.jobs.writes import (
+    finish_args,
+    finish_call,
+    job_keys,
+    pipe_script,
+    record_dead_letter,
+    status_args,
+    terminal_event,
+)
 
 __all__ = [
+    "ADMIT_LUA",
     "APPEND_TOKENS_LUA",
     "BEGIN_ATTEMPT_LUA",
     "EVENTS_MAXLEN",
     "FINISH_LUA",
     "HANDOFF_LUA",
+    "REDECODE_LUA",
+    "REQUEUE_INFERENCE_LUA",
     "SET_STATUS_LUA",
     "TENSOR_OR_IMAGE_LUA",
     "JobRecord",
@@ -38,6 +52,7 @@ __all__ = [
     "new_job_hash",
     "past_deadline",
     "pipe_script",
+    "record_dead_letter",
     "refusal",
     "status_args",
     "terminal_event",

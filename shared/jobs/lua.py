@@ -22,8 +22,10 @@ local function fenced(n)
 end
 """
 
-# KEYS: job hash, events stream, wake channel. ARGV: new status, event fields JSON, now, ttl, maxlen,
-# fence. Refuses (returns 0) when the job is gone, terminal or fenced; else sets status, appends event.
+# KEYS (every job script, ``writes.job_keys``): job hash, events stream, wake channel, active-jobs set
+# (member: the job hash key, score: the time of its last progress).
+# ARGV: new status, event fields JSON, now, ttl, maxlen, fence. Refuses (returns 0) when the job is
+# gone, terminal or fenced; else sets status, appends event, marks progress.
 SET_STATUS_LUA = (
     IS_TERMINAL_LUA
     + FENCED_LUA
@@ -31,6 +33,7 @@ SET_STATUS_LUA = (
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status or is_terminal(status) or fenced(6) then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[3], KEYS[1])
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('PUBLISH', KEYS[3], id)
@@ -53,6 +56,7 @@ if is_terminal(status) then
   return 0
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
+redis.call('ZREM', KEYS[4], KEYS[1])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'finished_attempt', ARGV[7]) end
 local extra = cjson.decode(ARGV[6])
 for k, v in pairs(extra) do redis.call('HSET', KEYS[1], k, v) end
@@ -64,17 +68,63 @@ return 1
 """
 )
 
-# KEYS: job hash, events, wake, inference stream. ARGV: as SET_STATUS_LUA (6 values), then job_id.
-# Only from queued/decoding: a redelivered task whose job is already handed over does nothing.
+# KEYS: the four job keys, then the inference stream. ARGV: as SET_STATUS_LUA (6 values), then
+# job_id. Only from queued/decoding: a redelivered task whose job is already handed over does
+# nothing. The stream entry's id is kept in the hash (``entry_id``) so the sweeper can tell a lost
+# entry from a slow one.
 HANDOFF_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'decoding' then return 0 end
+local entry = redis.call('XADD', KEYS[5], '*', 'job_id', ARGV[7])
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
+redis.call('HSET', KEYS[1], 'entry_id', entry)
+redis.call('ZADD', KEYS[4], ARGV[3], KEYS[1])
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('PUBLISH', KEYS[3], id)
-redis.call('XADD', KEYS[4], '*', 'job_id', ARGV[7])
 return 1
+"""
+
+# KEYS: the active-jobs set. ARGV: cap, now, the job hash key. Admission and its reservation in one
+# step, so concurrent gateways never admit past the cap: returns -1 when admitted (the job is in
+# the set from now on), else the depth that refused it.
+ADMIT_LUA = """
+local depth = redis.call('ZCARD', KEYS[1])
+if depth >= tonumber(ARGV[1]) then return depth end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+return -1
+"""
+
+# KEYS: job hash, active-jobs set, decode queue list. ARGV: now, cutoff, max decode attempts, task
+# message. A job still queued/decoding with no progress since ``cutoff`` gets its decode task again
+# (decoding is idempotent; a redelivered duplicate finds the job handed over and does nothing).
+# Returns 1 re-enqueued, 0 moved on meanwhile, -1 out of attempts (the caller fails it).
+REDECODE_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'decoding' then return 0 end
+local score = redis.call('ZSCORE', KEYS[2], KEYS[1])
+if score and tonumber(score) > tonumber(ARGV[2]) then return 0 end
+if redis.call('HINCRBY', KEYS[1], 'decode_enqueues', 1) > tonumber(ARGV[3]) then return -1 end
+redis.call('LPUSH', KEYS[3], ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+return 1
+"""
+
+# KEYS: job hash, active-jobs set, inference stream. ARGV: now, cutoff, job_id. A job waiting or
+# generating with no progress since ``cutoff``: if its stream entry is gone (the stream was deleted,
+# flushed or evicted) it gets a new one; if the entry is there it is only slow (a dead consumer's
+# entry is claimed by XAUTOCLAIM). Returns 2 re-added, 1 entry alive, 0 moved on meanwhile.
+REQUEUE_INFERENCE_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'waiting' and status ~= 'generating' then return 0 end
+local score = redis.call('ZSCORE', KEYS[2], KEYS[1])
+if score and tonumber(score) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+local entry = redis.call('HGET', KEYS[1], 'entry_id')
+if entry and #redis.call('XRANGE', KEYS[3], entry, entry) > 0 then return 1 end
+local id = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[3])
+redis.call('HSET', KEYS[1], 'entry_id', id)
+return 2
 """
 
 # KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the

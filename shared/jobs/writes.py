@@ -28,8 +28,8 @@ def pipe_script(pipe: Any, source: str, keys: list[str], args: list[Any]) -> Non
 
 
 def job_keys(keys: Keys, job_id: str) -> list[str]:
-    """KEYS of every job script: job hash, events stream, wake channel."""
-    return [keys.job(job_id), keys.job_events(job_id), keys.job_wake(job_id)]
+    """KEYS of every job script: job hash, events stream, wake channel, the active-jobs set."""
+    return [keys.job(job_id), keys.job_events(job_id), keys.job_wake(job_id), keys.active_jobs()]
 
 
 def _fence(fence: int | None) -> str:
@@ -72,6 +72,21 @@ def finish_args(
         extra["timings"] = event.timings.model_dump_json()
     data = event.to_fields()["data"]
     return [status.value, data, str(now), str(ttl_s), str(EVENTS_MAXLEN), json.dumps(extra), _fence(fence)]
+
+
+DEAD_LETTERS_MAXLEN = 10_000
+
+
+def record_dead_letter(pipe: Any, keys: Keys, job_id: str, stage: str, attempts: int, reason: str) -> None:
+    """Queue the dead-letter entry of a job failed for good (operators list and retry them)."""
+    entry = {
+        "job_id": job_id,
+        "stage": stage,
+        "attempts": str(attempts),
+        "reason": reason,
+        "ts": str(time.time()),
+    }
+    pipe.xadd(keys.dead_letters(), entry, maxlen=DEAD_LETTERS_MAXLEN, approximate=True)
 
 
 def finish_call(

@@ -11,7 +11,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared import metrics_hash
+from shared import metrics_hash, workers
+from shared.keys import Keys
 from tests.support.stack import ServiceStack
 
 ENGINE_STATS = {
@@ -42,12 +43,19 @@ def heartbeat(
     )
 
 
+def register(r: redis.Redis, keys: Keys, beat: str) -> None:
+    """What an inference worker's heartbeat writes (``shared.workers.publish``)."""
+    pipe = r.pipeline()
+    workers.publish(pipe, keys, json.loads(beat), ttl_ms=60_000)
+    pipe.execute()
+
+
 @pytest.fixture
 def clean_workers(gateway: ServiceStack, r: redis.Redis) -> Iterator[None]:
     def wipe() -> None:
-        for key in r.scan_iter(match=gateway.keys.worker_pattern()):
+        for key in workers.heartbeat_keys(gateway.keys, list(r.zrange(gateway.keys.workers(), 0, -1))):
             r.delete(key)
-        r.delete(gateway.keys.metrics_counters())
+        r.delete(gateway.keys.workers(), gateway.keys.metrics_counters())
 
     wipe()
     yield
@@ -64,15 +72,15 @@ async def test_readyz(
     resp = await client.get("/readyz")
     assert resp.status_code == 503 and "no inference worker" in " ".join(resp.json()["reasons"])
 
-    r.set(gateway.keys.worker_heartbeat("w1"), heartbeat(age_s=30), ex=60)
-    resp = await client.get("/readyz")
-    assert resp.status_code == 503 and "old" in " ".join(resp.json()["reasons"])
+    register(r, gateway.keys, heartbeat(age_s=30))
+    resp = await client.get("/readyz")  # a stale heartbeat is no worker
+    assert resp.status_code == 503 and "no inference worker" in " ".join(resp.json()["reasons"])
 
-    r.set(gateway.keys.worker_heartbeat("w1"), heartbeat(healthy=False, error="forward failed"), ex=60)
+    register(r, gateway.keys, heartbeat(healthy=False, error="forward failed"))
     resp = await client.get("/readyz")
     assert resp.status_code == 503 and "forward failed" in " ".join(resp.json()["reasons"])
 
-    r.set(gateway.keys.worker_heartbeat("w1"), heartbeat(), ex=60)
+    register(r, gateway.keys, heartbeat())
     resp = await client.get("/readyz")
     assert resp.status_code == 200 and resp.json()["workers_ready"] == 1
 
@@ -81,7 +89,7 @@ async def test_metrics(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis, clean_workers: None
 ) -> None:
     keys = gateway.keys
-    r.set(keys.worker_heartbeat("w1"), heartbeat(), ex=60)
+    register(r, keys, heartbeat())
     pipe = r.pipeline()
     metrics_hash.inc(pipe, keys.metrics_counters(), "jobs_total", outcome="done")
     metrics_hash.inc(pipe, keys.metrics_counters(), "jobs_total", 2, outcome="failed")

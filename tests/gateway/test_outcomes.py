@@ -15,10 +15,10 @@ import pytest
 import redis
 from websockets.asyncio.client import connect
 
-from shared import metrics_hash
+from shared import metrics_hash, workers
 from tests.gateway.clients import read_sse
 from tests.gateway.conftest import GATEWAY_ENV
-from tests.gateway.test_health_metrics import heartbeat
+from tests.gateway.test_health_metrics import heartbeat, register
 from tests.gateway.workerside import decode_tasks, finish_failed, record_turn
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
@@ -115,13 +115,14 @@ async def test_inference_depth_is_the_stream_length(
 async def test_a_stopping_worker_is_not_ready(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:
-    key = gateway.keys.worker_heartbeat("w-stop")
     beat = {**json.loads(heartbeat("w-stop")), "stopping": True}
-    r.set(key, json.dumps(beat), ex=60)
+    register(r, gateway.keys, json.dumps(beat))
     try:
         resp = await client.get("/readyz")
     finally:
-        r.delete(key)
+        pipe = r.pipeline()
+        workers.withdraw(pipe, gateway.keys, "w-stop")
+        pipe.execute()
     assert resp.status_code == 503 and "shutting down" in " ".join(resp.json()["reasons"])
 
 

@@ -29,8 +29,8 @@ async def test_full_queue_answers_429_with_retry_after_on_every_route(
     stack_factory: Callable[..., ServiceStack],
 ) -> None:
     gw = gateway_with(stack_factory, VLMQ_MAX_QUEUE_DEPTH="3")
-    gw.redis.rpush(gw.keys.decode_queue(), *[b"x"] * 2)
-    gw.redis.xadd(gw.keys.inference_stream(), {"job_id": "busy"})  # depth 3 = the cap
+    busy = {gw.keys.job(f"busy-{i}"): time.time() for i in range(3)}
+    gw.redis.zadd(gw.keys.active_jobs(), busy)  # depth 3 = the cap
     before = stored_keys(gw)
     async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
         files = {"image": ("a.png", PNG, "image/png")}
@@ -82,3 +82,42 @@ async def _submit(client: httpx.AsyncClient) -> str:
     resp = await client.post("/v1/jobs", data={"prompt": "Hi"}, files=files)
     assert resp.status_code == 202, resp.text
     return str(resp.json()["id"])
+
+
+async def test_admission_never_passes_the_cap_across_gateways(
+    stack_factory: Callable[..., ServiceStack],
+) -> None:
+    """A burst at two gateway processes sharing one Redis: exactly the cap is admitted, the rest 429."""
+    first = gateway_with(stack_factory, VLMQ_MAX_QUEUE_DEPTH="12")
+    env = {**GATEWAY_ENV, "VLMQ_MAX_QUEUE_DEPTH": "12", "VLMQ_KEY_PREFIX": first.key_prefix}
+    second = stack_factory(components=("gateway",), extra_env=env)
+    async with (
+        httpx.AsyncClient(base_url=first.base_url, timeout=30) as a,
+        httpx.AsyncClient(base_url=second.base_url, timeout=30) as b,
+    ):
+        files = {"image": ("a.png", PNG, "image/png")}
+        posts = [c.post("/v1/jobs", data={"prompt": "Hi"}, files=files) for c in (a, b) * 20]
+        codes = sorted(r.status_code for r in await asyncio.gather(*posts))
+    assert codes.count(202) == 12 and codes.count(429) == 28, codes  # no workers: nothing drains
+    assert first.redis.zcard(first.keys.active_jobs()) == 12
+
+
+async def test_stream_slots_are_taken_before_the_response_starts(
+    stack_factory: Callable[..., ServiceStack],
+) -> None:
+    """Many streams opened at once: at most the limit get a 200, the others a clean 503, none cut off."""
+    gw = gateway_with(stack_factory, VLMQ_STREAM_CONNECTIONS="4")
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
+        job_id = await _submit(client)
+
+        async def open_stream() -> int:
+            async with client.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+                if resp.status_code == 200:
+                    await asyncio.sleep(1.0)  # hold it while the others try
+                    assert not resp.is_closed  # still open: never cut off after its 200
+                return resp.status_code
+
+        codes = await asyncio.gather(*[open_stream() for _ in range(12)])
+        assert sorted(codes) == [200] * 4 + [503] * 8, codes
+        second = await asyncio.gather(*[open_stream() for _ in range(4)])  # the slots came back
+        assert second == [200] * 4

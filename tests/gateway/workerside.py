@@ -33,7 +33,7 @@ def decode_tasks(r: redis.Redis, prefix: str) -> list[str]:
 
 def set_status(r: redis.Redis, keys: Keys, job_id: str, status: JobStatus, attempt: int = 1) -> bool:
     args = status_args(status, time.time(), 3600, attempt)
-    return bool(r.eval(SET_STATUS_LUA, 3, *job_keys(keys, job_id), *args))
+    return bool(r.eval(SET_STATUS_LUA, 4, *job_keys(keys, job_id), *args))
 
 
 def emit_token(r: redis.Redis, keys: Keys, job_id: str, text: str, index: int, attempt: int = 1) -> str:
@@ -62,13 +62,13 @@ def finish_done(
         type="done", attempt=attempt, final_text=text, finish_reason="stop", usage=usage, timings=timings
     )
     args = finish_args(event, JobStatus.DONE, time.time(), 3600)
-    return bool(r.eval(FINISH_LUA, 3, *job_keys(keys, job_id), *args))
+    return bool(r.eval(FINISH_LUA, 4, *job_keys(keys, job_id), *args))
 
 
 def finish_failed(r: redis.Redis, keys: Keys, job_id: str, error: str, code: str | None = None) -> bool:
     event = JobEvent(type="error", error=error, finish_reason="error", error_code=code)
     args = finish_args(event, JobStatus.FAILED, time.time(), 3600)
-    return bool(r.eval(FINISH_LUA, 3, *job_keys(keys, job_id), *args))
+    return bool(r.eval(FINISH_LUA, 4, *job_keys(keys, job_id), *args))
 
 
 def record_turn(r: redis.Redis, keys: Keys, spec: JobSpec, answer: str) -> bool:

@@ -37,13 +37,13 @@ def events(r: Any, keys: Keys, job_id: str) -> list[JobEvent]:
 
 def set_status(r: Any, keys: Keys, job_id: str, status: JobStatus, fence: int | None = None) -> int:
     args = status_args(status, time.time(), 60, fence=fence)
-    return int(r.eval(SET_STATUS_LUA, 3, *job_keys(keys, job_id), *args))
+    return int(r.eval(SET_STATUS_LUA, 4, *job_keys(keys, job_id), *args))
 
 
 def finish(r: Any, keys: Keys, job_id: str, status: JobStatus, fence: int | None = None) -> int:
     event = terminal_event(status, ErrorCode.INTERNAL if status is JobStatus.FAILED else None, "why")
     script_keys, args = finish_call(keys, job_id, event, status, 60, fence)
-    return int(r.eval(FINISH_LUA, 3, *script_keys, *args))
+    return int(r.eval(FINISH_LUA, 4, *script_keys, *args))
 
 
 def test_set_status_moves_a_live_job_and_refuses_gone_terminal_or_fenced(
@@ -84,8 +84,8 @@ def test_handoff_enqueues_once_from_queued_or_decoding(redis_client: Any, keys: 
     job_id = new_job(r, keys, status="decoding")
     args = [*status_args(JobStatus.WAITING, time.time(), 60), job_id]
     script_keys = [*job_keys(keys, job_id), keys.inference_stream()]
-    assert r.eval(HANDOFF_LUA, 4, *script_keys, *args) == 1
-    assert r.eval(HANDOFF_LUA, 4, *script_keys, *args) == 0  # a redelivered decode task
+    assert r.eval(HANDOFF_LUA, 5, *script_keys, *args) == 1
+    assert r.eval(HANDOFF_LUA, 5, *script_keys, *args) == 0  # a redelivered decode task
     assert [f[b"job_id"] for _, f in r.xrange(keys.inference_stream())] == [job_id.encode()]
     assert r.hget(keys.job(job_id), "status") == b"waiting" and r.hexists(keys.job(job_id), "waiting_at")
 
@@ -110,7 +110,7 @@ def append(r: Any, keys: Keys, job_id: str, attempt: int, *spans: tuple[int, int
             type="token", attempt=attempt, text=f"t{start}", token_ids=list(range(start, end)), index=start
         )
         args += [start, end, event.to_fields()["data"]]
-    return int(r.eval(APPEND_TOKENS_LUA, 3, *job_keys(keys, job_id), *args))
+    return int(r.eval(APPEND_TOKENS_LUA, 4, *job_keys(keys, job_id), *args))
 
 
 def test_append_tokens_skips_published_indices_and_refuses_other_attempts(

@@ -22,11 +22,13 @@ def test_every_key_carries_the_prefix_and_kinds_never_collide() -> None:
         keys.conversation("x"),
         keys.result_cache("h"),
         keys.worker_heartbeat("w"),
+        keys.workers(),
+        keys.active_jobs(),
+        keys.sweeper_lock(),
         keys.metrics_counters(),
     ]
     assert all(k.startswith("pfx:") for k in built)
     assert len(set(built)) == len(built)
-    assert keys.worker_heartbeat("w").startswith(keys.worker_pattern().rstrip("*"))
 
 
 def test_decode_queue_is_the_list_celery_pushes_to() -> None:

@@ -22,6 +22,7 @@ from celery import Celery
 
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import free_port
+from shared import workers
 from shared.config import DecodeWorkerSettings, GatewaySettings
 from shared.decode_task import DECODE_QUEUE, DECODE_TASK, make_celery_app
 from shared.keys import Keys
@@ -109,8 +110,9 @@ class ServiceStack:
             return False
 
     def worker_alive(self) -> bool:
-        """An inference worker heartbeat exists in this stack's key space."""
-        return any(True for _ in self.redis.scan_iter(match=self.keys.worker_pattern(), count=100))
+        """An inference worker of this stack's key space has a fresh heartbeat."""
+        stale_s = float(self.env["VLMQ_WORKER_STALE_S"])
+        return bool(workers.live_sync(self.redis, self.keys, stale_s, time.time()))
 
     # --- talking to the decode workers like the gateway does ---
     def celery_app(self) -> Celery:
@@ -148,8 +150,10 @@ class ServiceStack:
         if proc.alive():
             proc.stop()
         if name == "inference":  # the dead worker's heartbeat must not count as readiness
-            for key in self.redis.scan_iter(match=self.keys.worker_pattern()):
-                self.redis.delete(key)
+            for worker_id in self.redis.zrange(self.keys.workers(), 0, -1):
+                pipe = self.redis.pipeline()
+                workers.withdraw(pipe, self.keys, worker_id.decode())
+                pipe.execute()
         proc.start()
         proc.wait_ready(timeout_s)
 

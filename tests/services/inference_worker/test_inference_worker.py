@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 
@@ -12,7 +11,7 @@ from services.engine import Engine
 from services.inference_worker.engine_request import build_request
 from services.inference_worker.job_store import JobStore
 from services.vlm.image_processor import ImageProcessorHandle
-from shared import result_cache
+from shared import result_cache, workers
 from shared.conversations import load_messages
 from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP
@@ -181,8 +180,8 @@ def test_sigterm_finishes_in_flight_jobs_then_exits(inference_stack: ServiceStac
 
 
 def _heartbeat(stack: ServiceStack) -> dict:
-    key = next(iter(stack.redis.scan_iter(match=stack.keys.worker_pattern())))
-    return json.loads(stack.redis.get(key))
+    (beat,) = workers.live_sync(stack.redis, stack.keys, 60.0, time.time())
+    return beat
 
 
 def test_malformed_job_fails_without_crashing_the_worker(inference_stack: ServiceStack) -> None:
@@ -251,7 +250,8 @@ def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
 
 
 def test_heartbeat_lives_exactly_as_long_as_the_gateway_trusts_it(inference_stack: ServiceStack) -> None:
-    key = next(iter(inference_stack.redis.scan_iter(match=inference_stack.keys.worker_pattern())))
+    (worker_id,) = inference_stack.redis.zrange(inference_stack.keys.workers(), 0, -1)
+    key = inference_stack.keys.worker_heartbeat(worker_id.decode())
     stale_ms = 1000 * float(inference_stack.env["VLMQ_WORKER_STALE_S"])
     assert stale_ms - 1500 < inference_stack.redis.pttl(key) <= stale_ms  # TTL = worker_stale_s
 

@@ -1,4 +1,4 @@
-"""The gateway's decode-task message is the one Celery's own ``send_task`` publishes."""
+"""The decode-task message the gateway and the sweeper push is the one Celery's ``send_task`` publishes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 
 import redis
 
-from gateway.decode_queue import DecodeQueue
 from shared.config import GatewaySettings
-from shared.decode_task import DECODE_QUEUE, DECODE_TASK
+from shared.decode_task import DECODE_QUEUE, DECODE_TASK, DecodeTasks
 
 IDS = ("id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin")
 
@@ -29,7 +28,7 @@ def _masked(message: dict[str, Any]) -> dict[str, Any]:
 def test_envelope_matches_send_task(redis_url: str) -> None:
     prefix = f"vlmqtest-{uuid.uuid4().hex[:8]}"
     settings = GatewaySettings(_env_file=None, redis_url=redis_url, key_prefix=prefix)  # type: ignore[call-arg]
-    queue = DecodeQueue(settings)
+    queue = DecodeTasks(settings)
     r = redis.Redis.from_url(redis_url)
     try:
         queue.app.send_task(DECODE_TASK, args=["job-1"], queue=DECODE_QUEUE)
