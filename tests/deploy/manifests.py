@@ -8,6 +8,7 @@ gets), so the tests check what a cluster would run rather than the YAML's text.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -33,13 +34,30 @@ Obj = dict[str, Any]
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
+INSTALL_KUBECTL = (
+    "Install kubectl >= 1.27 (it bundles kustomize v5): the Kubernetes apt repository "
+    "(pkgs.k8s.io), Google Cloud's `kubectl` package, or the binary from dl.k8s.io. "
+    "Debian's `kubernetes-client` (1.20) is too old: its kustomize has no components."
+)
+
+
+@functools.cache
 def kubectl() -> str:
+    """kubectl's path; fails (never skips) without one whose kustomize reads k8s/."""
     path = shutil.which("kubectl")
     if path is None:
         pytest.fail(
-            "kubectl is not on PATH: the k8s/ manifests are rendered with `kubectl kustomize`. "
-            "Install kubectl >= 1.27 (it bundles kustomize), e.g. the Debian/Kubernetes apt "
-            "package or the binary from dl.k8s.io, then rerun.",
+            f"kubectl is not on PATH: k8s/ is rendered with `kubectl kustomize`. {INSTALL_KUBECTL}",
+            pytrace=False,
+        )
+    proc = subprocess.run(
+        [path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30
+    )
+    found = json.loads(proc.stdout or "{}").get("kustomizeVersion", "") if proc.returncode == 0 else ""
+    major = re.match(r"v(\d+)\.", found)
+    if major is None or int(major.group(1)) < 5:
+        pytest.fail(
+            f"{path} bundles kustomize {found or '(unknown)'}, k8s/ needs v5+. {INSTALL_KUBECTL}",
             pytrace=False,
         )
     return path

@@ -308,12 +308,27 @@ def test_one_scaler_per_deployment(build: str) -> None:
 
 @builds
 def test_scaled_deployments_have_a_pdb(build: str) -> None:
+    """One budget each, which still lets a node drain when the scaler is at its minimum."""
     objs = render(build)
     pdbs = of_kind(objs, "PodDisruptionBudget")
+    least = {
+        h["spec"]["scaleTargetRef"]["name"]: h["spec"]["minReplicas"]
+        for h in of_kind(objs, "HorizontalPodAutoscaler")
+    }
+    least |= {
+        s["spec"]["scaleTargetRef"]["name"]: s["spec"]["minReplicaCount"]
+        for s in of_kind(objs, "ScaledObject")
+    }
     for comp in ("gateway", *WORKERS):
-        labels = deployment(objs, comp)["spec"]["template"]["metadata"]["labels"]
+        dep = deployment(objs, comp)
+        labels = dep["spec"]["template"]["metadata"]["labels"]
         covering = [p for p in pdbs if selects(p["spec"]["selector"], labels)]
         assert len(covering) == 1, f"{comp}: {len(covering)} PodDisruptionBudgets"
+        budget = covering[0]["spec"]
+        if "minAvailable" in budget:
+            assert budget["minAvailable"] < least[dep["metadata"]["name"]], f"{comp}: blocks node drains"
+        else:
+            assert budget["maxUnavailable"] >= 1, f"{comp}: blocks node drains"
 
 
 @builds

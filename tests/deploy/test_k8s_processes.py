@@ -1,9 +1,11 @@
-"""The workers' exec probes of k8s/, run as the kubelet would, against real processes.
+"""Commands and probes of k8s/, run as the kubelet would, against real processes.
 
 Inference: the rendered probe scripts read a heartbeat written by the real
 ``InferenceWorker.heartbeat`` (so a change of its key or fields breaks them here, not in a
 cluster). Decode: the rendered Celery command starts a node named as in a pod, and the
-rendered probe pings it, and only it.
+rendered probe pings it, and only it. Redis: the rendered command starts a redis-server on
+the rendered redis.conf, which Redis itself then reports as persistent, non-evicting and
+password-protected.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, cast
 
 import redis
 
+from scripts.redis_launcher import free_port, redis_binary
 from shared.config import InferenceSettings
 from shared.keys import Keys
 from tests.deploy.manifests import (
@@ -31,6 +34,8 @@ from tests.deploy.manifests import (
     env_entries,
     expand,
     main_container,
+    named,
+    pod_spec,
     probes,
     render,
 )
@@ -135,3 +140,40 @@ def test_decode_probe_pings_its_own_node(redis_url: str, keys: Keys, tmp_path: P
         assert others != 0
     finally:
         worker.stop(timeout_s=20)
+
+
+def test_redis_runs_on_the_rendered_config(tmp_path: Path) -> None:
+    objs = render("overlays/cpu")
+    statefulset = named(objs, "StatefulSet", "vlmq-redis")
+    container = main_container(statefulset)
+    config = next(v for v in pod_spec(statefulset)["volumes"] if v["name"] == "config")
+    conf = named(objs, "ConfigMap", config["configMap"]["name"])["data"]["redis.conf"]
+    script = container["args"][0]
+    # The pod's mounts (data volume, config, the password's tmpfs) become local directories.
+    for mount in container["volumeMounts"]:
+        local = tmp_path / mount["name"]
+        local.mkdir()
+        conf, script = (
+            conf.replace(mount["mountPath"], str(local)),
+            script.replace(mount["mountPath"], str(local)),
+        )
+    port = free_port()
+    (tmp_path / "config" / "redis.conf").write_text(f"{conf}\nport {port}\nbind 127.0.0.1\n")
+    script = script.replace("exec redis-server ", f"exec {redis_binary()} ", 1)
+    env = {"PATH": os.environ["PATH"], "REDISCLI_AUTH": "s3cret"}  # the Secret's REDIS_PASSWORD
+    ready = log_contains("Ready to accept connections")
+    server = ManagedProcess("redis", ["sh", "-c", script], env, tmp_path / "redis.log", ready=ready)
+    server.start()
+    try:
+        server.wait_ready(10)  # raises with the log if redis-server refused the config
+        client = redis.Redis(port=port, password="s3cret", socket_timeout=2)
+        config_of = cast(Any, client).config_get
+        assert config_of("appendonly")["appendonly"] == "yes"
+        assert config_of("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert int(config_of("maxmemory")["maxmemory"]) > 0  # refuses writes before the pod's limit
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:  # no password: refused
+            conn.sendall(b"PING\r\n")
+            assert conn.recv(100).startswith(b"-NOAUTH")
+        assert (tmp_path / "run" / "auth.conf").stat().st_mode & 0o077 == 0  # the password file: owner only
+    finally:
+        server.stop()
