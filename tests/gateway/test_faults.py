@@ -73,3 +73,24 @@ async def test_redis_outage_is_a_fast_503_and_recovers(tmp_path_factory: pytest.
     finally:
         stack.stop()
         server.stop()
+
+
+async def test_first_requests_after_a_redis_restart_succeed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every pooled connection died with Redis; each request retries once on a fresh one."""
+    server = start_redis(data_dir=tmp_path_factory.mktemp("aof"))
+    stack = ServiceStack(server.url, tmp_path_factory.mktemp("restart"), components=("gateway",))
+    try:
+        stack.start(timeout_s=60)
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=20) as client:
+            submitted = await asyncio.gather(
+                *[client.post("/v1/jobs", data={"prompt": "x"}, files=FILES) for _ in range(8)]
+            )
+            ids = [r.json()["id"] for r in submitted]  # 8 requests at once: 8 pooled connections
+            port, data_dir = server.port, server.workdir
+            server.stop()
+            server = start_redis(port=port, data_dir=data_dir)  # the AOF brings the jobs back
+            polls = await asyncio.gather(*[client.get(f"/v1/jobs/{job_id}") for job_id in ids])
+            assert [p.status_code for p in polls] == [200] * 8, [p.text for p in polls]
+    finally:
+        stack.stop()
+        server.stop()

@@ -129,3 +129,20 @@ async def test_metrics(
         if x.name.endswith("_total")
     }
     assert rejected.get("400", 0) >= 1  # the corrupt upload above
+
+
+async def test_readyz_and_metrics_never_walk_the_keyspace(
+    client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis, clean_workers: None
+) -> None:
+    """O(1) Redis work per call: no SCAN/KEYS, whatever the number of keys (1.3M made /readyz time out)."""
+    register(r, gateway.keys, heartbeat())
+
+    def walks() -> int:
+        stats = r.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("scan", "keys"))
+
+    before = walks()
+    for _ in range(3):
+        assert (await client.get("/readyz")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+    assert walks() == before

@@ -61,10 +61,12 @@ def store_image(r: Any, keys: Keys, data: bytes, ttl_s: int = 900) -> str:
 
 
 def create_job(r: Any, keys: Keys, spec: JobSpec, ttl_s: int = 3600) -> str:
-    """Job hash + queued event, as the gateway writes them (without enqueueing anything)."""
+    """Job hash + queued event + its place in the active set, as the gateway writes them (without
+    enqueueing anything)."""
     job_key = keys.job(spec.job_id)
     r.hset(job_key, mapping=new_job_hash(spec))
     r.expire(job_key, ttl_s)
+    r.zadd(keys.active_jobs(), {job_key: spec.created_at})
     r.xadd(keys.job_events(spec.job_id), JobEvent(type="status", status=JobStatus.QUEUED).to_fields())
     return spec.job_id
 
