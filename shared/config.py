@@ -117,6 +117,12 @@ class InferenceSettings(CommonSettings):
         description="On SIGTERM, how long in-flight jobs may finish before release (keep < claim idle)",
     )
     result_cache_ttl_s: int = Field(3600, description="Greedy result cache lifetime (written on done)")
+    max_failed_steps: int = Field(
+        3,
+        ge=1,
+        description="Engine steps in a row in which every sequence failed before the engine is unhealthy "
+        "and the worker exits (code 75) to be restarted; a device error (CUDA error) exits at once",
+    )
     gil_switch_interval_s: float = Field(
         0.0005,
         description="Python GIL switch interval: I/O threads (event writer, stream reader) wait at most "

@@ -8,8 +8,9 @@ Rules every cache follows (tests check them through ``check_integrity``):
   afterwards; readers slice them and never write in place. A checksum taken at ``put`` proves it.
 - **Counted lookups.** Every lookup counts one hit or one miss; a hit refreshes recency. An entry past
   its TTL is dropped and counts as a miss.
-- **One writer.** The engine thread writes; the vision prefetcher only peeks. One lock per cache
-  keeps a peek from seeing the LRU order half-updated.
+- **One lock.** The engine thread writes; the vision prefetcher only peeks. Every read or change of
+  the slots, the LRU order and the counters, in the base class and in the subclasses' ``match``,
+  holds the cache's lock, so a peek never sees the LRU order half-updated.
 
 ``PrefixCache`` (system-prompt KV, filled by prewarm), ``SessionCache`` (KV of a conversation, per
 session id, TTL) and ``ImageCache`` (vision-encoder output by the full sha256 of the image bytes).
@@ -78,12 +79,15 @@ class BoundedCache(Generic[K, V]):
     def get(self, key: K) -> V | None:
         with self._lock:
             value = self.peek(key)
-            if value is None:
-                self.misses += 1
-            else:
-                self.hits += 1
+            self._count(value is not None)
+            if value is not None:
                 self._slots.move_to_end(key)
             return value
+
+    def _count(self, hit: bool) -> None:
+        """One lookup; callers hold ``_lock`` (every change of ``_slots`` or a counter does)."""
+        self.hits += hit
+        self.misses += not hit
 
     def peek(self, key: K) -> V | None:
         """Lookup without counting or refreshing recency (drops the entry if expired)."""
@@ -191,15 +195,18 @@ class PrefixCache(_KVCache[tuple[int, ...]]):
         super().__init__("prefix", capacity_bytes)
 
     def match(self, prompt: Prompt) -> tuple[KVEntry | None, int]:
-        best: tuple[KVEntry | None, int] = (None, 0)
-        for key, slot in self._slots.items():
-            m = slot.value.match_length(prompt)
-            if m > best[1]:
-                best = (slot.value, m)
-                self._slots.move_to_end(key)
-        self.hits += best[1] > 0
-        self.misses += best[1] == 0
-        return best
+        """The entry sharing the longest reusable prefix with ``prompt``; only that one is refreshed."""
+        with self._lock:
+            best: tuple[tuple[int, ...] | None, KVEntry | None, int] = (None, None, 0)
+            for key, slot in self._slots.items():
+                m = slot.value.match_length(prompt)
+                if m > best[2]:
+                    best = (key, slot.value, m)
+            best_key, entry, m = best
+            self._count(m > 0)
+            if best_key is not None:
+                self._slots.move_to_end(best_key)  # after the loop: never while iterating
+            return entry, m
 
     def add(self, entry: KVEntry) -> bool:
         return self.put(entry.tokens, entry)
@@ -215,13 +222,13 @@ class SessionCache(_KVCache[str]):
         super().__init__("session", capacity_bytes, ttl_s)
 
     def match(self, session_id: str, prompt: Prompt) -> tuple[KVEntry | None, int]:
-        entry = self.peek(session_id)  # isolation: only this session's own entry is ever looked at
-        m = entry.match_length(prompt) if entry else 0
-        self.hits += m > 0
-        self.misses += m == 0
-        if m:
-            self._slots.move_to_end(session_id)
-        return (entry, m) if m else (None, 0)
+        with self._lock:
+            entry = self.peek(session_id)  # isolation: only this session's own entry is ever looked at
+            m = entry.match_length(prompt) if entry else 0
+            self._count(m > 0)
+            if m:
+                self._slots.move_to_end(session_id)
+            return (entry, m) if m else (None, 0)
 
 
 class ImageCache(BoundedCache[str, torch.Tensor]):

@@ -26,3 +26,6 @@ class EngineConfig:
     # encode queued requests' images on a side thread, overlapping the batch's forwards (needs a free
     # core or a GPU; on this shared 2-core CPU it measured no gain, hence off by default)
     vision_prefetch: bool = False
+    # steps in a row in which every sequence failed before the engine reports unhealthy (and its worker
+    # exits to be restarted); a device error (CUDA error, device-side assert) is unhealthy at once
+    max_failed_steps: int = 3

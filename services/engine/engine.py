@@ -3,6 +3,10 @@
 Callers on any thread ``submit`` requests (validated and tokenized on their own thread) and receive
 ``TokenEvent`` callbacks from the engine thread; ``cancel`` and deadlines take effect at the next
 step. One model forward at a time, always on the engine thread.
+
+Faults stay small: a failed step fails its own sequences (a NaN/inf row only itself); only
+``max_failed_steps`` failed steps in a row or a device error make the engine unhealthy, and an
+unhealthy engine runs nothing more (its queued sequences wait for cancel or ``stop``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from services.engine.config import EngineConfig
 from services.engine.detok import Detokenizer
 from services.engine.prompt import PromptBuilder
 from services.engine.runner import Caches, ModelRunner
-from services.engine.sampling import make_generator, sample
+from services.engine.sampling import NonFiniteLogits, is_greedy, make_generator, sample
 from services.engine.scheduler import ScheduledBatch, Scheduler
 from services.engine.sequence import Prompt, Sequence
 from services.engine.stats import EngineStats
@@ -31,6 +35,8 @@ from services.engine.vision import VisionPrefetcher
 
 log = logging.getLogger(__name__)
 EventCallback = Callable[[TokenEvent], None]
+Failed = list[tuple[Sequence, Exception]]  # sequences a step failed, and why
+DEVICE_ERROR_MARKERS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "cuDNN error")
 
 
 class Engine:
@@ -110,13 +116,14 @@ class Engine:
 
     def stop(self, drain_timeout_s: float | None = None) -> None:
         """Stop admitting. ``None``: finish everything in flight; otherwise wait up to the timeout,
-        then cancel what is left. Returns when the engine thread has exited."""
+        then cancel what is left (at once when unhealthy). Returns when the engine thread has exited."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
         deadline = None if drain_timeout_s is None else time.monotonic() + drain_timeout_s
         while self._thread is not None and self._thread.is_alive():
-            if deadline is not None and time.monotonic() >= deadline:
+            # an unhealthy engine runs nothing more: what is left can only be cancelled
+            if (deadline is not None and time.monotonic() >= deadline) or not self._healthy:
                 for rid in list(self._known):
                     self.cancel(rid)
                 deadline = None
@@ -163,7 +170,7 @@ class Engine:
             on_event=on_event,
             detok=Detokenizer(self.tokenizer, request.sampling.stop),
             eos_ids=self.eos_ids,
-            generator=make_generator(request.sampling.seed) if request.sampling.temperature > 0 else None,
+            generator=None if is_greedy(request.sampling) else make_generator(request.sampling.seed),
         )
         with self._cv:
             if request.request_id in self._known:
@@ -228,25 +235,42 @@ class Engine:
 
     # --- the loop ---------------------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cv:  # only hand-over under the lock; the step runs without it
+        while self._next_work():
+            if not self._healthy:  # a device error or too many failed steps: run nothing more
+                self._park()
+                continue
+            with self._forward_lock:
+                batch = self.scheduler.schedule()
+                try:
+                    self.step(batch)
+                except Exception as exc:  # a bug outside the forward: the batch state is unknown
+                    log.exception("engine step failed")
+                    self.runner.reset()
+                    self._end_step([(seq, exc) for seq in self.scheduler.running], ran=False)
+
+    def _next_work(self) -> bool:
+        """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""
+        with self._cv:  # only hand-over under the lock; the step runs without it
+            while True:
                 for seq in self._inbox:
                     self.scheduler.add(seq)
                 for rid in self._cancels:
                     self.scheduler.cancel(rid)
                 self._inbox.clear()
                 self._cancels.clear()
-                if not self.scheduler.has_work():
-                    if self._stopping:
-                        return
-                    self._cv.wait(timeout=1.0)
-                    continue
-            with self._forward_lock:
-                batch = self.scheduler.schedule()
-                try:
-                    self.step(batch)
-                except Exception as exc:  # a bug outside the forward: fail what ran, keep serving
-                    self._fatal(exc, [s for s in self.scheduler.running])
+                if self.scheduler.has_work():
+                    return True
+                if self._stopping:
+                    return False
+                self._cv.wait(timeout=1.0)
+
+    def _park(self) -> None:
+        """Unhealthy: queued sequences stay queued (the caller releases them elsewhere); cancels and
+        deadlines still end them, and ``stop`` cancels the rest."""
+        self._finish_dropped(self.scheduler.drop())
+        with self._cv:
+            if not self._cancels and not self._stopping:
+                self._cv.wait(timeout=0.5)
 
     def step(self, batch: ScheduledBatch) -> None:
         """One engine step: drop what left, then run the batch, then postprocess its tokens."""
@@ -254,10 +278,11 @@ class Engine:
         seqs = batch.prefill or batch.decode
         if not seqs:
             return
-        logits, seqs = self._run(batch, seqs)
-        if seqs:
-            self._postprocess(seqs, logits)
+        logits, ran, failed = self._run(batch, seqs)
         self._stats.steps += 1
+        self._end_step(failed, ran=bool(ran))
+        if ran:
+            self._postprocess(ran, logits)
 
     def _finish_dropped(self, batch: ScheduledBatch) -> None:
         seqs = [s for s, _ in batch.dropped]
@@ -265,7 +290,10 @@ class Engine:
         for seq, reason in batch.dropped:
             self._finish(seq, reason)
 
-    def _run(self, batch: ScheduledBatch, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
+    def _run(
+        self, batch: ScheduledBatch, seqs: list[Sequence]
+    ) -> tuple[torch.Tensor, list[Sequence], Failed]:
+        """(logits, the sequences they belong to, the sequences the runner failed and why)."""
         if batch.prefill:
             self._stats.prefill_steps += 1
             return self._prefill_isolated(seqs)
@@ -274,27 +302,37 @@ class Engine:
             self._stats.batch_sizes[len(seqs)] = self._stats.batch_sizes.get(len(seqs), 0) + 1
         try:
             rows, logits = self.runner.decode(seqs)
-            return logits, rows
+            return logits, rows, []
         except Exception as exc:  # a failed decode leaves the batch KV undefined: fail every row
-            self._fatal(exc, seqs)
-            return torch.empty(0), []
+            self.runner.reset()
+            return torch.empty(0), [], [(seq, exc) for seq in seqs]
 
-    def _prefill_isolated(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Batched prefill; if it fails, retry one by one so only the culprit fails."""
+    def _prefill_isolated(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence], Failed]:
+        """Batched prefill; if it fails, retry one by one so only the culprit fails. (The running rows'
+        KV is untouched: new rows join it only after their forward.)"""
         try:
-            return self.runner.prefill(seqs), seqs
+            return self.runner.prefill(seqs), seqs, []
         except Exception as exc:
-            if len(seqs) == 1:
-                self._fail(seqs[0], exc)
-                return torch.empty(0), []
-        ok, rows = [], []
+            if len(seqs) == 1 or _is_device_error(exc):  # nothing to isolate, or nothing will run
+                return torch.empty(0), [], [(seq, exc) for seq in seqs]
+        ok, rows, failed = [], [], []
         for seq in seqs:
             try:
                 rows.append(self.runner.prefill([seq]))
                 ok.append(seq)
             except Exception as exc:
-                self._fail(seq, exc)
-        return (torch.cat(rows) if rows else torch.empty(0)), ok
+                failed.append((seq, exc))
+        return (torch.cat(rows) if rows else torch.empty(0)), ok, failed
+
+    def _end_step(self, failed: Failed, ran: bool) -> None:
+        """Count the step, then fail its failed sequences: a listener told of the failure already sees
+        the engine's health after this step."""
+        if failed:
+            self._count_step(ok=ran, exc=failed[-1][1])
+        elif ran:
+            self._stats.failed_steps = 0
+        for seq, exc in failed:
+            self._fail(seq, exc)
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
         log.exception("request %s failed", seq.id, exc_info=exc)
@@ -303,18 +341,30 @@ class Engine:
         self.scheduler.finish(seq)
         self._finish(seq, FinishReason.ERROR)
 
-    def _fatal(self, exc: Exception, seqs: list[Sequence]) -> None:
+    def _count_step(self, ok: bool, exc: Exception) -> None:
+        """A step in which every sequence failed in the runner counts against health; a step that ran
+        anybody resets the count. A device error is unhealthy at once."""
+        self._stats.failed_steps = 0 if ok else self._stats.failed_steps + 1
+        reason = f"{type(exc).__name__}: {exc}"
+        if _is_device_error(exc):
+            self._turn_unhealthy(f"device error: {reason}")
+        elif self._stats.failed_steps >= self.config.max_failed_steps:
+            self._turn_unhealthy(f"{self._stats.failed_steps} engine steps failed in a row; last: {reason}")
+
+    def _turn_unhealthy(self, why: str) -> None:
+        log.error("engine unhealthy: %s", why)
+        self._last_error = why
         self._healthy = False
-        self._last_error = f"engine step failed: {type(exc).__name__}: {exc}"
-        for seq in seqs:
-            self._fail(seq, exc)
-        self.runner.reset()
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         tokens = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
         now = time.monotonic()
         done: list[tuple[Sequence, str]] = []
+        broken: list[tuple[Sequence, NonFiniteLogits]] = []
         for seq, tok in zip(seqs, tokens, strict=True):
+            if isinstance(tok, NonFiniteLogits):
+                broken.append((seq, tok))
+                continue
             if not seq.output_ids:
                 seq.first_token_at = now
                 self._stats.prompt_tokens += seq.num_prompt_tokens
@@ -335,6 +385,10 @@ class Engine:
         for seq, text in done:
             self.scheduler.finish(seq)
             self._finish(seq, seq.finish_reason or FinishReason.STOP, last=seq.output_ids[-1], text=text)
+        # a broken row's KV may hold NaN: it leaves the batch and is never cached
+        self.runner.release([s for s, _ in broken], [False] * len(broken))
+        for seq, exc in broken:
+            self._fail(seq, exc)
 
     def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
         if tok in seq.eos_ids and not seq.request.sampling.ignore_eos:
@@ -368,3 +422,11 @@ class Engine:
             seq.on_event(event)
         except Exception:  # a broken listener must not take the engine down
             log.exception("on_event callback failed for %s", seq.id)
+
+
+def _is_device_error(exc: Exception) -> bool:
+    """The device (CUDA context) is broken: every later step would fail too. Out of memory is not: it
+    fails the sequences of that step only."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    return isinstance(exc, torch.AcceleratorError) or any(m in str(exc) for m in DEVICE_ERROR_MARKERS)

@@ -1,5 +1,10 @@
-"""Next-token choice per row: greedy (temperature 0) or temperature / top-k / top-p with a per-request
-seeded generator, so a sampled answer does not depend on what else is in the batch."""
+"""Next-token choice per row: greedy (temperature below ``GREEDY_BELOW``) or temperature / top-k / top-p
+with a per-request seeded generator, so a sampled answer does not depend on what else is in the batch.
+
+A row whose numbers are not finite (NaN or inf in the model's logits, or after temperature, top-k or
+top-p) gets a ``NonFiniteLogits`` instead of a token: that sequence fails, the other rows are sampled
+as if it were not there.
+"""
 
 from __future__ import annotations
 
@@ -7,33 +12,56 @@ import torch
 
 from services.engine.api import SamplingParams
 
+# vLLM's _SAMPLING_EPS: dividing by a smaller temperature overflows fp32 (1e-320 gave inf logits)
+GREEDY_BELOW = 1e-5
+
+
+class NonFiniteLogits(ValueError):
+    """One row's scores hold NaN or inf: a numerical fault of that sequence, never of the batch."""
+
+
+def is_greedy(p: SamplingParams) -> bool:
+    return p.temperature < GREEDY_BELOW
+
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
-) -> list[int]:
-    """``logits`` (B, V) fp32 -> one token id per row."""
-    out = logits.argmax(dim=-1).tolist()
+) -> list[int | NonFiniteLogits]:
+    """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits``."""
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    out: list[int | NonFiniteLogits] = list(logits.argmax(dim=-1).tolist())
     for i, p in enumerate(params):
-        if p.temperature > 0:
+        if not finite[i]:
+            out[i] = NonFiniteLogits(f"non-finite logits from the model ({_what(logits[i])})")
+        elif not is_greedy(p):
             out[i] = _sample_row(logits[i], p, gens[i])
     return out
 
 
-def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+def _sample_row(
+    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None
+) -> int | NonFiniteLogits:
     scores = logits.cpu() / p.temperature
+    if not torch.isfinite(scores).all():
+        return NonFiniteLogits(f"non-finite scores after temperature {p.temperature:g} ({_what(scores)})")
     if 0 < p.top_k < scores.numel():
         kth = torch.topk(scores, p.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        scores = scores.masked_fill(scores < kth, float("-inf"))  # -inf: "never", not a fault
     probs = torch.softmax(scores, dim=-1)
-    if not torch.isfinite(probs).all():
-        raise ValueError("non-finite logits")
     if p.top_p < 1.0:
         sorted_p, idx = probs.sort(descending=True)
         # keep the smallest set whose mass reaches top_p (the first token always stays)
         drop = sorted_p.cumsum(0) - sorted_p > p.top_p
         probs = probs.scatter(0, idx[drop], 0.0)
         probs = probs / probs.sum()
+    if not (torch.isfinite(probs).all() and probs.sum() > 0):
+        return NonFiniteLogits("non-finite probabilities after top-k/top-p")
     return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def _what(row: torch.Tensor) -> str:
+    kinds = [name for name, bad in (("NaN", row.isnan()), ("inf", row.isinf())) if bool(bad.any())]
+    return " and ".join(kinds) or "none"
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -50,6 +50,10 @@ class Scheduler:
             batch.decode = list(self.running)
         return batch
 
+    def drop(self) -> ScheduledBatch:
+        """Only step 1 (an engine that runs nothing more still ends cancelled and expired sequences)."""
+        return ScheduledBatch(dropped=self._drop(time.time()))
+
     def finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED
         if seq in self.running:

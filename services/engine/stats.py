@@ -25,6 +25,7 @@ class EngineStats:
     rejected: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
     errors: int = 0
+    failed_steps: int = 0  # steps in a row in which every sequence failed (a step that runs resets it)
     caches: dict[str, CacheStats] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Inference worker process: ``python -m services.inference_worker``.
 
 A long-running process (never a forked Celery child: CUDA does not survive fork) that loads
-the engine, prewarms its prefix cache and serves the inference stream until SIGTERM/SIGINT.
+the engine, prewarms its prefix cache and serves the inference stream until SIGTERM/SIGINT
+(exit 0), or until its engine turns unhealthy (``max_failed_steps`` failed steps in a row or a
+device error): it then releases its in-flight jobs to other workers and exits with
+``EXIT_ENGINE_UNHEALTHY`` so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from shared.config import get_inference_settings
 from shared.redis_clients import sync_client
 
 log = logging.getLogger("services.inference_worker")
+EXIT_ENGINE_UNHEALTHY = 75  # sysexits EX_TEMPFAIL: a restart is the remedy
 
 
 def install_signals(worker: InferenceWorker) -> None:
@@ -42,7 +46,7 @@ def main() -> int:
     engine.start()
     engine.prewarm()
     worker.run()
-    return 0
+    return 0 if engine.healthy else EXIT_ENGINE_UNHEALTHY
 
 
 if __name__ == "__main__":

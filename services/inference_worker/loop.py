@@ -97,6 +97,11 @@ class InferenceWorker:
         return min(2 * backoff, 2.0)
 
     def tick(self) -> None:
+        if not self.engine.healthy:  # it runs nothing more: release the jobs and exit to be restarted
+            log.error("engine unhealthy (%s): releasing in-flight jobs and exiting", self.engine.last_error)
+            self.settings.drain_timeout_s = 0.0  # nothing in flight can finish here
+            self.stopping.set()
+            return
         now = time.monotonic()
         if now >= self._next["heartbeat"]:
             self._next["heartbeat"] = now + self.settings.heartbeat_s

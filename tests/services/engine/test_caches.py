@@ -3,7 +3,10 @@ session or image the KV/features of another."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -58,6 +61,91 @@ def test_match_stops_at_a_different_image():
     prefix = PrefixCache(1 << 20)
     prefix.add(entry)
     assert prefix.match(Prompt([5, 9], torch.arange(2), []))[1] == 1  # always leaves one token to prefill
+
+
+def _kv_entry(tokens: tuple[int, ...]) -> KVEntry:
+    kv = [(torch.zeros(1, 1, len(tokens), 2), torch.zeros(1, 1, len(tokens), 2))]
+    return KVEntry(tokens, (), kv)
+
+
+def test_prefix_match_over_two_entries_picks_the_longest_and_refreshes_only_it():
+    """Regression: ``match`` moved each better entry to the end while iterating (RuntimeError)."""
+    prefix = PrefixCache(1 << 20)
+    prefix.add(_kv_entry((1, 2, 3)))  # oldest; matches 3 tokens
+    prefix.add(_kv_entry((1, 2, 9)))  # matches 2
+    prefix.add(_kv_entry((7, 7)))  # matches nothing
+    entry, m = prefix.match(Prompt([1, 2, 3, 4], torch.arange(4), []))
+    assert entry is not None and entry.tokens == (1, 2, 3) and m == 3
+    assert prefix.keys() == [(1, 2, 9), (7, 7), (1, 2, 3)]  # the match is now the most recent
+    assert prefix.match(Prompt([5, 6], torch.arange(2), [])) == (None, 0)
+    s = prefix.stats()
+    assert (s.hits, s.misses) == (1, 1)
+    prefix.check_integrity()
+
+
+def _hammer(work: Callable[[int], None], seconds: float = 1.0) -> list[BaseException]:
+    """Run ``work(i)`` for i = 0, 1, ... on two threads at once; the exceptions they raised."""
+    errors: list[BaseException] = []
+    stop = time.monotonic() + seconds
+
+    def loop(thread: int) -> None:
+        i = thread
+        try:
+            while time.monotonic() < stop:
+                work(i)
+                i += 2
+        except BaseException as exc:  # reported to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in range(2)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show within a second
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    return errors
+
+
+def test_concurrent_prefix_match_and_put_keep_the_cache_whole():
+    """Regression: ``match`` read and reordered the slots and counters without the cache's lock."""
+    prefix = PrefixCache(capacity_bytes=8 * 64)  # 8 entries of 4 tokens (64 bytes of KV): puts evict
+    prompt = Prompt([0, 1, 2, 3, 4], torch.arange(5), [])
+    matches = [0]
+
+    def work(i: int) -> None:
+        if i % 2:  # one thread adds entries, the other matches
+            prefix.add(_kv_entry((0, 1, i % 3, i)))
+        else:
+            prefix.match(prompt)
+            matches[0] += 1
+
+    assert _hammer(work) == []
+    prefix.check_integrity()
+    s = prefix.stats()
+    assert s.hits + s.misses == matches[0] and s.entries <= 8 and s.evictions > 0
+
+
+def test_concurrent_session_match_and_put_keep_the_cache_whole():
+    session = SessionCache(capacity_bytes=3 * 64, ttl_s=60)  # 3 of the 4 sessions fit
+    prompt = Prompt([0, 1, 2, 3, 4], torch.arange(5), [])
+    matches = [0]
+
+    def work(i: int) -> None:
+        sid = f"s{(i // 2) % 4}"
+        if i % 2:
+            session.put(sid, _kv_entry((0, 1, 2, 3)))
+        else:
+            session.match(sid, prompt)
+            matches[0] += 1
+
+    assert _hammer(work) == []
+    session.check_integrity()
+    s = session.stats()
+    assert s.hits + s.misses == matches[0] and s.entries <= 3
 
 
 def _session_turns(

@@ -12,7 +12,7 @@ import torch
 from bench.common import draw_image, image_input, load_bundled
 from services.engine import FinishReason, GenerationRequest, SamplingParams
 from services.engine.detok import Detokenizer
-from services.engine.sampling import make_generator, sample
+from services.engine.sampling import NonFiniteLogits, is_greedy, make_generator, sample
 from tests.services.engine.reference import run_all, tokens_of, user
 
 
@@ -54,6 +54,39 @@ def test_sample_function_filters():
     assert set(top2) == {1, 2}
     nucleus = sample(logits, [SamplingParams(temperature=1.0, top_p=0.5)] * 200, gens)
     assert set(nucleus) == {1}
+
+
+def test_tiny_temperatures_are_greedy():
+    """Regression: 1e-320 divided the logits into inf (and took the engine down); below 1e-5 is greedy."""
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0], [2.0, 0.0, 1.0, 0.5]])
+    for t in (0.0, 1e-320, 5e-324, 1e-38, 9.9e-6):
+        params = SamplingParams(temperature=t, seed=1)
+        assert is_greedy(params)
+        assert sample(logits, [params] * 2, [make_generator(1)] * 2) == [1, 0]
+    assert not is_greedy(SamplingParams(temperature=1e-5))
+
+
+@pytest.mark.parametrize(
+    "bad_row, params, cause",
+    [
+        ([0.0, float("nan"), 1.0, 2.0], SamplingParams(), "non-finite logits from the model (NaN)"),
+        ([0.0, float("inf"), 1.0, 2.0], SamplingParams(temperature=1.0), "model (inf)"),
+        ([0.0, float("-inf"), 1.0, 2.0], SamplingParams(temperature=0.7, top_k=2), "model (inf)"),
+        ([0.0, 3e38, 1.0, 2.0], SamplingParams(temperature=1e-4), "after temperature 0.0001 (inf)"),
+    ],
+)
+def test_non_finite_row_fails_alone(bad_row, params, cause):
+    """A row with NaN/inf (in the logits or after temperature) gets an error; the other rows get the
+    very tokens they get without it (greedy and seeded)."""
+    good = torch.tensor([[0.0, 5.0, 4.9, -3.0], [1.0, 1.2, 0.9, 1.1]])
+    good_params = [SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9, seed=5)]
+    alone = sample(good, good_params, [None, make_generator(5)])
+    logits = torch.cat([good[:1], torch.tensor([bad_row]), good[1:]])
+    out = sample(
+        logits, [good_params[0], params, good_params[1]], [None, make_generator(9), make_generator(5)]
+    )
+    assert isinstance(out[1], NonFiniteLogits) and cause in str(out[1])
+    assert [out[0], out[2]] == alone
 
 
 def test_stop_string_cuts_the_text(bundled, make_engine):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from services.engine import Engine
+from services.inference_worker.__main__ import EXIT_ENGINE_UNHEALTHY
 from services.inference_worker.engine_request import build_request
 from services.inference_worker.job_store import JobStore
 from services.vlm.image_processor import ImageProcessorHandle
@@ -17,6 +20,7 @@ from shared.jobs import new_job_hash
 from shared.keys import INFERENCE_GROUP
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus
 from tests.support import jobs as J
+from tests.support.processes import ManagedProcess
 from tests.support.stack import ServiceStack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -273,3 +277,41 @@ def test_entries_are_renewed_while_draining(inference_stack: ServiceStack) -> No
         assert all(J.job_status(r, keys, s.job_id) is JobStatus.DONE for s in specs)
     finally:
         inference_stack.restart("inference")
+
+
+def test_unhealthy_engine_exits_with_its_code_and_its_jobs_finish_on_the_next_worker(
+    inference_stack: ServiceStack, reference_engine: Engine, tmp_path: Path
+) -> None:
+    """The worker's model starts failing (faulty_worker.py: a forward hook, test code only) with
+    VLMQ_MAX_FAILED_STEPS=1: the running job fails with the error, the engine turns unhealthy, the
+    worker releases the job queued behind it (batch of 1) without waiting for the 20 s drain and
+    exits 75; the next worker claims the released job and finishes it."""
+    stack, fault = inference_stack, tmp_path / "fault"
+    real = stack.procs["inference"]
+    real.stop()
+    env = {"VLMQ_MAX_BATCH": "1", "VLMQ_MAX_FAILED_STEPS": "1", "FAULTY_WORKER_FILE": str(fault)}
+    cmd = [sys.executable, "-m", "tests.services.inference_worker.faulty_worker"]
+    ready = lambda _p: stack.worker_alive()  # noqa: E731
+    faulty = ManagedProcess("inference", cmd, {**stack.env, **env}, real.log_path, ready)
+    stack.procs["inference"] = faulty
+    try:
+        stack.restart("inference")
+        running, queued = submit(stack, max_tokens=500, seed=31), submit(stack, max_tokens=6, seed=32)
+        wait_for(lambda: len(tokens(stack, running.job_id)) >= 3, 60, interval_s=0.01, what="tokens")
+        wait_for(lambda: _heartbeat(stack)["inflight"] == 2, 30, what="queued job in the engine")
+        fault.touch()
+        assert faulty.wait(15) == EXIT_ENGINE_UNHEALTHY
+        assert "engine unhealthy" in faulty.log() and not stack.worker_alive()
+        assert J.job_status(stack.redis, stack.keys, queued.job_id) is JobStatus.WAITING
+    finally:
+        stack.procs["inference"] = real
+        stack.restart("inference")
+    assert finished(stack, queued.job_id, 60) is JobStatus.DONE
+    record = J.job(stack.redis, stack.keys, queued.job_id)
+    assert record.attempt == 2 and record.text == reference_text(stack, reference_engine, queued)[0]
+    outcome = finished(stack, running.job_id, 90)
+    ran = J.job(stack.redis, stack.keys, running.job_id)
+    if outcome is JobStatus.FAILED:  # its failure was written before the exit (the usual case)
+        assert "injected forward fault" in (ran.error or "") and ran.attempt == 1
+    else:  # the worker exited before writing it: released with the rest, finished by the next worker
+        assert outcome is JobStatus.DONE and ran.attempt == 2
