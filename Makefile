@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test lint bench bench-engine bench-service train train-smoke eval clean
+.PHONY: venv up test test-chaos lint bench bench-engine bench-service train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -19,6 +19,10 @@ up: venv
 
 test: venv
 	$(BIN)/python -m scripts.run_tests $(ARGS)
+
+# make up under SIGKILLs of every worker kind and a Redis restart (<= 8 min); CI runs it
+test-chaos: venv
+	$(BIN)/python -m scripts.run_tests tests/chaos -m chaos -s
 
 lint: venv
 	$(BIN)/ruff check .

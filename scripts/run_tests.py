@@ -32,10 +32,15 @@ def test_env() -> dict[str, str]:
     return env
 
 
+SEPARATE_SUITES = "not chaos"  # suites with their own make target (make test-chaos, ...)
+
+
 def main(argv: list[str]) -> int:
     args = argv or [str(ROOT / "tests")]
     if os.environ.get("ARGS"):
         args = [*args, *os.environ["ARGS"].split()]
+    if "-m" not in args:
+        args = [*args, "-m", SEPARATE_SUITES]
     cmd = [sys.executable, "-m", "pytest", *args]
     code = subprocess.call(cmd, cwd=ROOT, env=test_env())
     if code == NO_TESTS_COLLECTED:

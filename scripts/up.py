@@ -57,6 +57,9 @@ class UpSettings(BaseSettings):
     )
     flower_password: str | None = Field(default=None, description="Flower basic-auth password")
     ready_timeout_s: float = Field(default=180.0, description="How long `make up` waits for every service")
+    run_dir: Path = Field(
+        default=Path(".run"), description="Logs (logs/) and the embedded Redis's data (redis/)"
+    )
 
 
 def configured_redis() -> str | None:
@@ -65,7 +68,7 @@ def configured_redis() -> str | None:
     return settings.redis_url if "redis_url" in settings.model_fields_set else None
 
 
-def choose_redis() -> tuple[str, RedisServer | None]:
+def choose_redis(run_dir: Path = ROOT / ".run") -> tuple[str, RedisServer | None]:
     configured = configured_redis()
     if configured:
         if not reachable(configured):
@@ -76,7 +79,7 @@ def choose_redis() -> tuple[str, RedisServer | None]:
         return configured, None
     if reachable(LOCAL_REDIS):
         return LOCAL_REDIS, None
-    server = start_redis(data_dir=ROOT / ".run" / "redis")
+    server = start_redis(data_dir=run_dir / "redis")
     return server.url, server
 
 
@@ -146,14 +149,15 @@ def count_restart(redis_url: str, keys: Keys) -> Callable[[Child], None]:
 
 
 def main() -> int:
-    redis_url, embedded = choose_redis()
+    run_dir = ROOT / UpSettings().run_dir  # type: ignore[call-arg]
+    redis_url, embedded = choose_redis(run_dir)
     os.environ["VLMQ_REDIS_URL"] = redis_url
     os.environ["VLMQ_MODEL"] = model_path(get_gateway_settings().model)
     get_gateway_settings.cache_clear()  # read again with the model path and Redis chosen here
     gw, dec, up = get_gateway_settings(), get_decode_worker_settings(), UpSettings()  # type: ignore[call-arg]
     print_redis(redis_url, embedded)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    sup = Supervisor(env, ROOT, ROOT / ".run" / "logs", on_restart=count_restart(redis_url, gw.keys))
+    sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys))
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -167,7 +171,10 @@ def main() -> int:
         if wait_ready(gw, sup, up.ready_timeout_s, stopping):
             print_urls(gw, up, redis_url)
         elif not stopping:
-            print("[up] not ready yet: still retrying what fails (see above and .run/logs/)", file=sys.stderr)
+            print(
+                f"[up] not ready yet: still retrying what fails (see above and {run_dir}/logs/)",
+                file=sys.stderr,
+            )
         while not stopping:
             sup.supervise()
             time.sleep(0.5)
