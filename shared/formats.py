@@ -1,14 +1,20 @@
 """The image formats vlmq accepts, and a bounded walk of their structure.
 
 The gateway's header check and the decode worker's allowlist agree on ``ALLOWED_FORMATS``. Both
-call ``check_structure`` before Pillow sees the bytes: Pillow parses JPEG markers and PNG chunks in
-Python, one at a time, so 10 MB of empty markers or chunks cost it seconds; this walk refuses such
-floods after a fixed number of segments, and refuses images that end early (a JPEG without scan
-data or end marker, a PNG without IEND), which Pillow would answer as if whole. Everything here
-is linear in the bytes, and the JPEG's entropy-coded data is skipped by a C-level regex search.
+call ``check_structure`` before Pillow sees the bytes. Pillow parses JPEG markers and PNG chunks
+in Python, one at a time, and some contents too (quantization tables, EXIF, Photoshop resources,
+compressed text): 10 MB of empty markers or chunks cost it 4-5 s, of tables or resource blocks
+~2 s. This walk refuses such files after small caps that real files stay far below, and refuses
+files that end early (a JPEG without scan data or end marker, a PNG without IEND), which Pillow
+would answer as if whole. It is linear in the bytes; the JPEG's entropy-coded data is skipped by
+a C-level regex search (~6 ms for 12 MB).
 
 An MPO file (a JPEG followed by more frames: Ultra HDR, many phone photos) is a JPEG here: the
 walk stops at the first frame's end marker, and the decoder reads that frame only.
+
+Not caught: a JPEG cut inside its scan and given an end marker again. libjpeg fills the missing
+blocks with grey and only warns, and Pillow drops libjpeg's warnings; spotting it would need the
+entropy decode itself.
 """
 
 from __future__ import annotations
@@ -26,8 +32,16 @@ ALLOWED_TEXT = "JPEG, PNG, WebP"
 MAX_JPEG_HEADER_SEGMENTS = 256  # markers before the first scan
 MAX_JPEG_SEGMENTS = 2048  # markers of the first frame after its header (progressive files have a few dozen)
 MAX_JPEG_JUNK_BYTES = 16 * 1024  # fill or stray bytes between header segments (Pillow skips them one by one)
+# Segments Pillow parses in Python, costing time per byte (tables, IFD entries, resource blocks;
+# repeated EXIF segments are concatenated, quadratically): what real files need, with room.
+MAX_JPEG_PARSED_BYTES = {
+    "quantization tables (DQT)": 4 * 1024,  # 4 tables of 130 bytes at most in a real file
+    "EXIF (APP1)": 128 * 1024,  # one 64 KB segment by the standard
+    "Photoshop resources (APP13)": 128 * 1024,
+}
 MAX_PNG_CHUNKS_BEFORE_IDAT = 256
 MAX_PNG_CHUNKS = 16_384  # a 10 MB PNG of 8 KB IDAT chunks has 1,280
+MAX_PNG_INFLATED_CHUNKS = 8  # zTXt, iTXt, iCCP: Pillow inflates each, up to 1 MB
 
 Problem = Literal["corrupt", "truncated", "too_complex"]
 
@@ -40,7 +54,8 @@ _SOS, _EOI = 0xDA, 0xD9
 _HEADER_MARKER = re.compile(rb"\xff([^\x00\xff])")
 _NEXT_MARKER = re.compile(rb"\xff([^\x00\xd0-\xd7\xff])")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_CHUNK_TYPE = re.compile(rb"[A-Za-z]{4}")
+_PNG_CHUNK_HEAD = struct.Struct(">I4s")
+_PNG_INFLATED = frozenset({b"zTXt", b"iTXt", b"iCCP"})
 _OTHER_FORMATS = (
     (b"GIF87a", "GIF"),
     (b"GIF89a", "GIF"),
@@ -105,6 +120,7 @@ def _walk_jpeg(data: bytes) -> Structure:
 def _jpeg_header(data: bytes) -> int:
     """Segments from SOI to the first scan header; returns where the scan's data starts."""
     pos, segments, junk, frame = 2, 0, 0, False
+    parsed = dict.fromkeys(MAX_JPEG_PARSED_BYTES, 0)
     while True:
         marker, pos, junk = _header_marker(data, pos, junk)
         segments += 1
@@ -117,6 +133,7 @@ def _jpeg_header(data: bytes) -> int:
         if marker in _JPEG_STANDALONE:
             continue
         length = _segment_length(data, pos)
+        _spend_parsed_bytes(parsed, _python_parsed(data, marker, pos), length)
         if marker in _JPEG_SOF:
             frame = True
         elif marker == _SOS:
@@ -124,6 +141,26 @@ def _jpeg_header(data: bytes) -> int:
                 raise StructureError("JPEG scan comes before its frame header", "corrupt")
             return pos + length
         pos += length
+
+
+def _python_parsed(data: bytes, marker: int, pos: int) -> str | None:
+    """Which of ``MAX_JPEG_PARSED_BYTES`` the segment at ``pos`` (its length field) counts against."""
+    if marker == 0xDB:
+        return "quantization tables (DQT)"
+    if marker == 0xE1 and data.startswith(b"Exif\x00\x00", pos + 2):
+        return "EXIF (APP1)"
+    if marker == 0xED and data.startswith(b"Photoshop 3.0\x00", pos + 2):
+        return "Photoshop resources (APP13)"
+    return None
+
+
+def _spend_parsed_bytes(parsed: dict[str, int], kind: str | None, length: int) -> None:
+    if kind is None:
+        return
+    parsed[kind] += length
+    if parsed[kind] > MAX_JPEG_PARSED_BYTES[kind]:
+        limit = MAX_JPEG_PARSED_BYTES[kind]
+        raise StructureError(f"JPEG has more than {limit} bytes of {kind}", "too_complex")
 
 
 def _header_marker(data: bytes, pos: int, junk: int) -> tuple[int, int, int]:
@@ -179,14 +216,12 @@ def _jpeg_scans(data: bytes, pos: int) -> int:
 def _walk_png(data: bytes) -> Structure:
     if data[12:16] != b"IHDR" or data[8:12] != b"\x00\x00\x00\x0d":
         raise StructureError("PNG does not start with its IHDR header chunk", "corrupt")
-    pos, chunks, idat, frames = 8, 0, False, 1
+    pos, chunks, inflated, idat, frames = 8, 0, 0, False, 1
     while True:
         kind, length = _png_chunk(data, pos)
         chunks += 1
-        if chunks > MAX_PNG_CHUNKS or (not idat and chunks > MAX_PNG_CHUNKS_BEFORE_IDAT):
-            where = "in all" if idat else "before its image data"
-            limit = MAX_PNG_CHUNKS if idat else MAX_PNG_CHUNKS_BEFORE_IDAT
-            raise StructureError(f"PNG has more than {limit} chunks {where}", "too_complex")
+        inflated += kind in _PNG_INFLATED
+        _check_png_counts(chunks, inflated, idat)
         if kind == b"acTL" and length >= 4:
             frames = int.from_bytes(data[pos + 8 : pos + 12], "big")
         elif kind == b"IDAT":
@@ -198,11 +233,21 @@ def _walk_png(data: bytes) -> Structure:
         pos += 12 + length
 
 
+def _check_png_counts(chunks: int, inflated: int, idat: bool) -> None:
+    if chunks > MAX_PNG_CHUNKS or (not idat and chunks > MAX_PNG_CHUNKS_BEFORE_IDAT):
+        where = "in all" if idat else "before its image data"
+        limit = MAX_PNG_CHUNKS if idat else MAX_PNG_CHUNKS_BEFORE_IDAT
+        raise StructureError(f"PNG has more than {limit} chunks {where}", "too_complex")
+    if inflated > MAX_PNG_INFLATED_CHUNKS:
+        message = f"PNG has more than {MAX_PNG_INFLATED_CHUNKS} compressed text or profile chunks"
+        raise StructureError(message, "too_complex")
+
+
 def _png_chunk(data: bytes, pos: int) -> tuple[bytes, int]:
     if pos + 8 > len(data):
         raise StructureError("PNG ends before its IEND chunk (truncated)", "truncated")
-    length, kind = struct.unpack_from(">I4s", data, pos)
-    if length >= 2**31 or not _CHUNK_TYPE.fullmatch(kind):
+    length, kind = _PNG_CHUNK_HEAD.unpack_from(data, pos)
+    if length >= 2**31 or not kind.isalpha():  # bytes.isalpha: ASCII letters only
         raise StructureError(f"PNG has an invalid chunk at byte {pos}", "corrupt")
     if pos + 12 + length > len(data):
         raise StructureError("PNG ends inside a chunk (truncated)", "truncated")

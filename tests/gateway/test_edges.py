@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -18,7 +19,8 @@ from tests.gateway.clients import read_ws
 from tests.gateway.conftest import stored_keys
 from tests.gateway.workerside import finish_done
 from tests.support.jobs import image_bytes
-from tests.support.stack import ServiceStack
+from tests.support.stack import ServiceStack, running
+from tests.worker.images import animated, bad_images, mpo
 
 JPEG = image_bytes("JPEG", (64, 64), seed=21)
 DATA_URL = "data:image/jpeg;base64," + base64.b64encode(JPEG).decode()
@@ -98,7 +100,7 @@ async def test_bad_event_ids_are_400_on_every_stream(
     for bad in BAD_EVENT_IDS:
         error = error_of(await client.get(f"/v1/jobs/{job_id}/events", params={"last_event_id": bad}), 400)
         assert error["param"] == "last_event_id" and error["code"] == "bad_event_id", error
-        resp = await client.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": bad.encode()})
+        resp = await client.get(f"/v1/jobs/{job_id}/events", headers={b"Last-Event-ID": bad.encode()})
         error_of(resp, 400)
         query = urlencode({"last_event_id": bad})
         messages, code = await read_ws(f"{gateway.ws_url}/v1/jobs/{job_id}/stream?{query}")
@@ -194,11 +196,19 @@ async def test_oversized_conversations_are_refused_before_anything_is_stored(
     assert stored_keys(gateway) == before
 
 
-async def test_the_issues_conversation_is_refused_fast(stack_factory: Any) -> None:
+@pytest.fixture(scope="module")
+def full_size_gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    """A gateway with the default limits (10 MB images): the issue's payloads at their real size."""
+    stack = ServiceStack(redis_url, tmp_path_factory.mktemp("full-size"), components=("gateway",))
+    with running(stack, timeout_s=60):
+        yield stack
+
+
+async def test_the_issues_conversation_is_refused_fast(full_size_gateway: ServiceStack) -> None:
     """1,000 messages of 8,000 characters (8 MB, within the default body limit): 413 at once, where
     the inference worker used to tokenize it for ~8 s before refusing it."""
-    stack = stack_factory(components=("gateway",))
-    before = set(stack.redis.scan_iter(match=f"{stack.key_prefix}:*"))
+    stack = full_size_gateway
+    before = stored_keys(stack)
     body = {"model": stack.settings.model_name, "messages": conversation(1000, 8000)}
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
         started = time.perf_counter()
@@ -208,7 +218,70 @@ async def test_the_issues_conversation_is_refused_fast(stack_factory: Any) -> No
     assert "1000 messages" in error["message"]
     print(f"1,000 x 8,000-character conversation refused in {elapsed * 1000:.0f} ms")
     assert elapsed < 2.0
-    assert set(stack.redis.scan_iter(match=f"{stack.key_prefix}:*")) == before
+    assert stored_keys(stack) == before
+
+
+# --- images the gateway refuses from their structure, at full size ---
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("jpeg_com_flood", "more than 256 markers"),
+        ("png_chunk_flood", "more than 256 chunks"),
+        ("jpeg_dqt_flood", "quantization tables"),
+        ("jpeg_photoshop_flood", "Photoshop"),
+        ("png_ztxt_bomb", "compressed text"),
+        ("jpeg_without_eoi", "end-of-image marker"),
+        ("jpeg_without_scan_data", "no scan data"),
+        ("png_without_iend", "IEND"),
+        ("truncated_jpeg", "truncated"),
+        ("truncated_png", "truncated"),
+    ],
+)
+async def test_costly_or_truncated_images_are_refused_fast(
+    full_size_gateway: ServiceStack, name: str, words: str
+) -> None:
+    """COM floods cost Pillow ~4 s of gateway CPU, PNG chunk floods ~5 s; truncated files passed
+    the header check and were answered as if whole. Now: 400 ``bad_image`` from the structure walk."""
+    data = bad_images()[name][0]
+    before = stored_keys(full_size_gateway)
+    async with httpx.AsyncClient(base_url=full_size_gateway.base_url, timeout=30) as client:
+        started = time.perf_counter()
+        resp = await client.post(
+            "/v1/jobs", data={"prompt": "x"}, files={"image": ("a.jpg", data, "image/jpeg")}
+        )
+        elapsed = time.perf_counter() - started
+        error = error_of(resp, 400)
+        assert words in error["message"] and error["code"] == "bad_image", error
+        url = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "x"}]
+        body = {
+            "model": full_size_gateway.settings.model_name,
+            "messages": [{"role": "user", "content": content}],
+        }
+        error = error_of(await client.post("/v1/chat/completions", json=body), 400)
+        assert words in error["message"], error
+    print(f"{name} ({len(data) / 1e6:.1f} MB) refused in {elapsed * 1000:.0f} ms")
+    assert elapsed < 1.0
+    assert stored_keys(full_size_gateway) == before
+
+
+async def test_an_mpo_is_accepted_as_a_jpeg(client: httpx.AsyncClient, gateway: ServiceStack) -> None:
+    files = {"image": ("phone.jpg", mpo((160, 120), (80, 60)), "image/jpeg")}
+    resp = await client.post(
+        "/v1/jobs", data={"prompt": "Colour?"}, files=files, headers={"Cache-Control": "no-cache"}
+    )
+    assert resp.status_code == 202, resp.text
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+async def test_animated_images_are_refused(
+    client: httpx.AsyncClient, gateway: ServiceStack, fmt: str
+) -> None:
+    before = stored_keys(gateway)
+    files = {"image": ("a.png", animated(fmt), "image/png")}
+    error = error_of(await client.post("/v1/jobs", data={"prompt": "x"}, files=files), 415)
+    assert "animated" in error["message"]
+    assert stored_keys(gateway) == before
 
 
 # --- chat WebSocket frames ---
