@@ -22,15 +22,24 @@ from shared.schemas import TERMINAL_STATUSES, JobEvent
 from shared.values import as_str
 
 BLOCK_MS = 1000  # bounded: a reader re-checks the job between blocks (expiry, terminal state)
-_EVENT_ID = re.compile(r"^\d+(-\d+)?$")
+_EVENT_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", re.ASCII)
+_U64 = 2**64
 
 
 def check_event_id(value: str | None) -> str:
-    """A client-supplied Last-Event-ID, or "0" (from the start)."""
+    """A client-supplied Last-Event-ID, or "0" (from the start). Checked here as Redis would (two
+    unsigned 64-bit parts) so a bad one is a 400, never a Redis error."""
     if value is None or value == "":
         return "0"
-    if not _EVENT_ID.match(value):
-        raise APIError(400, "last_event_id: expected a stream id like 1700000000000-0", param="last_event_id")
+    match = _EVENT_ID.fullmatch(value)
+    if match is None or any(int(part) >= _U64 for part in match.groups() if part is not None):
+        shown = ascii(value if len(value) <= 64 else value[:64] + "...")
+        raise APIError(
+            400,
+            f"last_event_id: {shown} is not a stream id like 1700000000000-0",
+            param="last_event_id",
+            code="bad_event_id",
+        )
     return value
 
 

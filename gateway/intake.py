@@ -16,7 +16,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from gateway.errors import APIError
-from gateway.image_checks import CheckedImage, read_image
+from gateway.image_checks import CheckedImage, read_image, read_upload
 from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
 from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
 from shared.config import GatewaySettings
@@ -74,31 +74,42 @@ async def from_http(request: Request, settings: GatewaySettings, no_cache: bool)
 
 
 async def _read_multipart(request: Request) -> tuple[dict[str, Any], bytes | str | None]:
-    form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
-    raw: dict[str, Any] = {}
-    image: bytes | str | None = None
-    for name in form:
-        values = form.getlist(name)
-        if name == "image":
-            value = values[0]
-            image = await value.read() if isinstance(value, UploadFile) else (str(value) or None)
-        elif name == "stop":
-            raw["stop"] = [str(v) for v in values]
-        else:
-            if len(values) > 1 or isinstance(values[0], UploadFile):
-                raise APIError(400, f"{name}: expected one text value", param=name)
-            raw[name] = values[0]
+    async with request.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:  # closes the spooled file
+        raw: dict[str, Any] = {}
+        image: bytes | str | None = None
+        for name in form:
+            values = form.getlist(name)
+            if name == "image":
+                value = values[0]
+                image = await read_upload(value) if isinstance(value, UploadFile) else (str(value) or None)
+            else:
+                _form_field(raw, name, values)
     return raw, image
 
 
+def _form_field(raw: dict[str, Any], name: str, values: list[Any]) -> None:
+    if name == "stop":
+        raw["stop"] = [str(v) for v in values]
+    elif len(values) > 1 or isinstance(values[0], UploadFile):
+        raise APIError(400, f"{name}: expected one text value", param=name)
+    else:
+        raw[name] = values[0]
+
+
 async def _read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
+    return parse_json_object(await request.body(), "body")
+
+
+def parse_json_object(body: bytes | str, what: str) -> dict[str, Any]:
+    """A JSON object (jobs route body, chat WebSocket message), else 400 saying what is wrong."""
     try:
         raw = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "body is not valid JSON", code="bad_json") from None
+    except ValueError:  # UnicodeDecodeError (not UTF-8) is one too
+        raise APIError(400, f"{what} is not valid UTF-8 JSON", code="bad_json") from None
+    except RecursionError:
+        raise APIError(400, f"{what} is nested too deeply", code="bad_json") from None
     if not isinstance(raw, dict):
-        raise APIError(400, "body must be a JSON object", code="bad_json")
+        raise APIError(400, f"{what} must be a JSON object", code="bad_json")
     return raw
 
 
@@ -165,6 +176,7 @@ async def from_openai(
         },
     )
     check_max_tokens(options, settings)
+    check_conversation_size(req.messages, settings)
     turns, image = await _openai_turns(req.messages, settings)
     return Submission(
         source="openai",
@@ -174,6 +186,26 @@ async def from_openai(
         cancel_on_disconnect=True,
         use_result_cache=not no_cache,
     )
+
+
+def check_conversation_size(messages: list[ChatMessage], settings: GatewaySettings) -> None:
+    """Turns and characters, counted before any image is read: the inference worker tokenizes only
+    what passed (a 1,000 x 8,000-character conversation took it ~8 s, and others waited)."""
+    if len(messages) > settings.max_turns:
+        raise APIError(
+            413,
+            f"messages: {len(messages)} messages exceed the limit of {settings.max_turns}",
+            param="messages",
+            code="conversation_too_large",
+        )
+    chars = sum(len(part.text or "") for message in messages for part in parts(message))
+    if chars > settings.max_conversation_chars:
+        raise APIError(
+            413,
+            f"messages: {chars} characters of text exceed the limit of {settings.max_conversation_chars}",
+            param="messages",
+            code="conversation_too_large",
+        )
 
 
 async def _openai_turns(

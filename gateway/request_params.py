@@ -8,6 +8,7 @@ checks only (characters, turns); token counts belong to the inference worker.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -16,6 +17,8 @@ from gateway.errors import APIError, validation_message
 from shared.config import GatewaySettings
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # conversation ids and affinity keys
+_CLIENT_ID = re.compile(ID_PATTERN)
+_JOB_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, as gateway.job_spec.new_id makes them
 
 
 class GenerationOptions(BaseModel):
@@ -80,3 +83,25 @@ def check_text(field: str, text: str, settings: GatewaySettings) -> None:
 def check_max_tokens(options: GenerationOptions, settings: GatewaySettings) -> None:
     if options.max_tokens is not None and options.max_tokens > settings.max_tokens_limit:
         raise APIError(422, f"max_tokens: at most {settings.max_tokens_limit}", param="max_tokens")
+
+
+def check_job_id(job_id: str) -> str:
+    """404 for an id we could never have made, without asking Redis."""
+    if _JOB_ID.fullmatch(job_id) is None:
+        raise APIError(
+            404,
+            f"job {shown(job_id)} not found: job ids are 32 lowercase hex digits",
+            param="id",
+            code="job_not_found",
+        )
+    return job_id
+
+
+def valid_conversation_id(session_id: str) -> bool:
+    return _CLIENT_ID.fullmatch(session_id) is not None
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """A client's value quoted in an error message: cut to ``limit`` characters, ASCII only (it may
+    end up in a WebSocket close reason, which has a byte limit)."""
+    return ascii(value if len(value) <= limit else value[:limit] + "...")

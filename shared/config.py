@@ -85,6 +85,12 @@ class GatewaySettings(CommonSettings):
         400,
         description="Redis connections for SSE/WebSocket readers (own pool); full: 503 for new streams",
     )
+    max_conversation_chars: int = Field(
+        32_000,
+        description="Largest OpenAI conversation (text of all messages, in characters); larger: 413 before "
+        "anything is stored or tokenized",
+    )
+    max_turns: int = Field(64, description="Most messages in one OpenAI conversation; more: 413")
 
 
 class DecodeWorkerSettings(CommonSettings):

@@ -1,9 +1,13 @@
 """Safe image decoding: bytes -> an RGB picture the image processor can take.
 
-``decode_image`` refuses anything outside the allowlist, refuses decompression bombs from the
-header (before pixels are allocated), decodes big JPEGs at reduced scale (draft mode: the DCT
-skips the detail the processor would throw away anyway), applies the EXIF orientation and
-returns RGB. The image processor itself is ``services.vlm.image_processor``.
+``decode_image`` refuses anything outside the allowlist, walks the structure first
+(``shared.formats.check_structure``: marker/chunk floods and truncated files are refused before
+Pillow parses them, since Pillow decodes a JPEG whose scan ends early, or a PNG without IEND, as if
+whole), refuses decompression bombs from the header (before pixels are allocated), decodes big
+JPEGs at reduced scale (draft mode: the DCT skips the detail the processor would throw away
+anyway), applies the EXIF orientation and returns RGB. An MPO (a JPEG with more frames appended:
+Ultra HDR, many phone photos) decodes its first frame; animated PNG/WebP are refused. The image
+processor itself is ``services.vlm.image_processor``.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ import io
 import math
 import warnings
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from shared.formats import ALLOWED_FORMATS, ALLOWED_TEXT
+from shared.formats import ALLOWED_TEXT, StructureError, check_structure, name_format, sniff_format
 from shared.schemas import ErrorCode
 
 CORRUPT = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)  # Pillow's usual errors
@@ -57,16 +61,13 @@ def decode_image(
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
+    fmt = _checked_format(data)
     try:
-        img = Image.open(io.BytesIO(data), formats=None)
-    except UnidentifiedImageError as exc:
-        raise ImageRejected("not an image (format not recognised)") from exc
+        img = _open_format(data, fmt)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning, *CORRUPT):
         raise  # decode_image words these
     except Exception as exc:  # a header Pillow cannot parse
         raise ImageRejected(f"image could not be decoded ({type(exc).__name__}: {exc})") from exc
-    if img.format not in ALLOWED_FORMATS:
-        raise ImageRejected(f"unsupported image format {img.format}; allowed: {ALLOWED_TEXT}")
     width, height = img.size
     if width <= 0 or height <= 0:
         raise ImageRejected("image has no pixels")
@@ -75,6 +76,31 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     if getattr(img, "n_frames", 1) > 1:
         raise ImageRejected("animated images are not supported")
     return img
+
+
+def _checked_format(data: bytes) -> str:
+    """The allowed format of ``data`` after the structure walk, else ImageRejected saying why."""
+    fmt = sniff_format(data)
+    if fmt is None:
+        other = name_format(data)
+        if other is None:
+            raise ImageRejected("not an image (format not recognised)")
+        raise ImageRejected(f"unsupported image format {other}; allowed: {ALLOWED_TEXT}")
+    try:
+        structure = check_structure(data, fmt)
+    except StructureError as exc:
+        prefix = "image refused" if exc.problem == "too_complex" else "corrupt or truncated image"
+        raise ImageRejected(f"{prefix}: {exc}") from exc
+    if structure.animated:
+        raise ImageRejected("animated images are not supported")
+    return fmt
+
+
+def _open_format(data: bytes, fmt: str) -> Image.Image:
+    # Plain JPEG on purpose: Pillow would open an MPO as a multi-frame "MPO"; its first frame is the image.
+    if fmt == "JPEG":
+        return JpegImagePlugin.JpegImageFile(io.BytesIO(data))  # its size is checked by _open
+    return Image.open(io.BytesIO(data), formats=[fmt])
 
 
 def draft_size(size: tuple[int, int], target_pixels: int) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -24,7 +24,7 @@ from starlette.websockets import WebSocketDisconnect
 from gateway.accept import submit
 from gateway.deps import StateDep
 from gateway.errors import APIError
-from gateway.intake import from_ws_message
+from gateway.intake import from_ws_message, parse_json_object
 from gateway.job_records import cancel_job
 from gateway.listeners import job_events, ws_send_events
 from gateway.state import GatewayState
@@ -53,13 +53,13 @@ class _Connection:
 
     async def read(self) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-            while True:
-                message = _parse(await self.ws.receive_text())
-                if message is None:
-                    await self.ws.send_json(
-                        {"type": "error", "status": 400, "error": "messages must be JSON objects"}
-                    )
-                elif message.get("type") == "cancel":
+            while (frame := await self.ws.receive())["type"] != "websocket.disconnect":
+                try:
+                    message = _parse(frame)
+                except APIError as exc:  # the connection stays open: the next frame may be fine
+                    await self.ws.send_json(_error(exc))
+                    continue
+                if message.get("type") == "cancel":
                     await self.cancel_current()
                 else:
                     await self.enqueue(message)
@@ -90,12 +90,14 @@ class _Connection:
         return None
 
 
-def _parse(text: str) -> dict[str, Any] | None:
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
+def _parse(frame: Mapping[str, Any]) -> dict[str, Any]:
+    """A client frame -> a JSON object, else APIError (binary, not JSON, nested too deeply, not an object)."""
+    text = frame.get("text")
+    if text is None:
+        raise APIError(
+            400, "binary frames are not accepted: send each message as JSON text", code="bad_frame"
+        )
+    return parse_json_object(text, "message")
 
 
 @router.websocket("/v1/chat/ws")

@@ -20,6 +20,7 @@ from gateway.errors import APIError, error_body
 from gateway.event_reader import check_event_id
 from gateway.job_records import current_record
 from gateway.listeners import event_payload, job_events, until_disconnect, ws_open, ws_send_events
+from gateway.request_params import check_job_id
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from gateway.stream_slots import SlotEventSourceResponse
@@ -44,8 +45,8 @@ async def job_events_sse(
     last_event_id: Annotated[str | None, Query()] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
-    record = await current_record(state, job_id)
     last_id = check_event_id(last_event_id_header or last_event_id)
+    record = await current_record(state, check_job_id(job_id))
     slot = state.stream_slots.take()
     stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
     return SlotEventSourceResponse(
@@ -64,8 +65,8 @@ async def job_events_ws(
 ) -> None:
     await websocket.accept()
     try:
-        record = await current_record(state, job_id)
         last_id = check_event_id(last_event_id)
+        record = await current_record(state, check_job_id(job_id))
         slot = state.stream_slots.take()
     except APIError as exc:
         body = error_body(exc.status_code, exc.message, exc.param, exc.code)

@@ -11,6 +11,7 @@ from gateway.accept import Accepted, cache_headers, submit
 from gateway.deps import NoCacheDep, StateDep
 from gateway.intake import from_http
 from gateway.job_records import cancel_job, job_view
+from gateway.request_params import check_job_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -60,14 +61,14 @@ async def submit_job(request: Request, state: StateDep, no_cache: NoCacheDep) ->
 
 @router.get("/{job_id}")
 async def get_job(job_id: str, state: StateDep) -> dict[str, Any]:
-    return await job_view(state, job_id)
+    return await job_view(state, check_job_id(job_id))
 
 
 @router.delete("/{job_id}")
 async def delete_job(job_id: str, state: StateDep) -> JSONResponse:
     """Cancel: 200 when the job is now cancelled, 202 when the running job was asked to stop
     (it ends as cancelled at its next decode step), 409 when it had already finished."""
-    status, _ = await cancel_job(state, job_id)
+    status, _ = await cancel_job(state, check_job_id(job_id))
     code = 202 if not status.terminal else 200
     return JSONResponse(
         {"id": job_id, "object": "job", "status": status.value, "cancel_requested": True}, status_code=code

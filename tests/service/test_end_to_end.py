@@ -176,11 +176,17 @@ async def test_fifty_concurrent_jobs(client: httpx.AsyncClient) -> None:
 
 
 async def test_corrupt_image_body_fails_clearly(client: httpx.AsyncClient) -> None:
-    full = image_bytes("JPEG", (400, 300), seed=15)
-    truncated = full[: len(full) // 3]  # header fine, data cut off
-    job = await submit(client, truncated, "What is it?")
+    full = image_bytes("PNG", (400, 300), seed=15)
+    idat = full.index(b"IDAT") + 4
+    broken = full[:idat] + bytes(64) + full[idat + 64 :]  # every chunk whole, compressed pixels garbage
+    job = await submit(client, broken, "What is it?")
     view = await wait_done(client, str(job["id"]))
     assert view["status"] == "failed" and re.search(r"corrupt|truncated", view["error"], re.I)
+    cut = image_bytes("JPEG", (400, 300), seed=15)
+    resp = await client.post(  # cut off: the gateway sees it from the structure (no end marker)
+        "/v1/jobs", data={"prompt": "x"}, files={"image": ("a.jpg", cut[: len(cut) // 3], "image/jpeg")}
+    )
+    assert resp.status_code == 400 and "truncated" in resp.json()["error"]["message"]
     resp = await client.post(
         "/v1/jobs", data={"prompt": "x"}, files={"image": ("a.png", b"GIF89a....", "image/png")}
     )

@@ -35,6 +35,29 @@ def test_bad_images_are_rejected_with_a_reason(name: str) -> None:
         decode_image(data, MAX_PIXELS, TARGET)
 
 
+def test_mpo_decodes_its_first_frame() -> None:
+    """Pillow calls these "MPO" (Ultra HDR, many phone photos): the first frame is the picture."""
+    data = good_images()["mpo_two_frames"]
+    assert Image.open(io.BytesIO(data)).format == "MPO"
+    img = decode_image(data, MAX_PIXELS, TARGET)
+    assert img.size == (160, 120)
+    red, green, _ = img.getpixel((80, 60))  # type: ignore[misc]
+    assert red > 200 and green < 50
+
+
+@pytest.mark.parametrize(
+    "name", ["jpeg_com_flood", "png_chunk_flood", "jpeg_dqt_flood", "jpeg_photoshop_flood", "png_ztxt_bomb"]
+)
+def test_marker_and_chunk_floods_are_refused_fast(name: str) -> None:
+    """Headers Pillow parses in Python: 10 MB of empty markers/chunks took it 4-5 s, DQT and APP13
+    floods 1.6-2.3 s, zTXt bombs 0.5 s and 64 MB; the structure walk stops each at a small cap."""
+    data, reason = bad_images()[name]
+    started = time.perf_counter()
+    with pytest.raises(ImageRejected, match=reason):
+        decode_image(data, MAX_PIXELS, TARGET)
+    assert time.perf_counter() - started < 0.5
+
+
 def test_exif_orientation_is_applied() -> None:
     img = decode_image(good_images()["jpeg_exif_rotated"], MAX_PIXELS, TARGET)
     assert img.size == (160, 320)  # orientation 6: rotated 90°
