@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos lint bench bench-engine bench-service train train-smoke eval clean
+.PHONY: venv up test test-chaos test-compose lint bench bench-engine bench-service train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -24,10 +24,14 @@ test: venv
 test-chaos: venv
 	$(BIN)/python -m scripts.run_tests tests/chaos -m chaos -s
 
+# docker-compose.yml for real (needs Docker + Compose v2: ../shared/docker/setup.sh); not in `make test`
+test-compose: venv
+	$(BIN)/python -m scripts.run_tests tests_compose -v $(ARGS)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests
+	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker
 	$(BIN)/lint-imports
 
 bench: bench-engine bench-service
