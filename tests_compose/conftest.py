@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ class ComposeStack:
     def flower_url(self) -> str:
         return f"http://127.0.0.1:{self.flower_port}"
 
+    @cached_property
     def redis(self) -> Any:  # Any: redis-py's unions get in the way in tests
         return redis.Redis(host="127.0.0.1", port=self.redis_port, password=self.redis_password)
 

@@ -30,7 +30,7 @@ from tests.gateway.clients import read_sse, token_text
 from tests.service.conftest import Reference, wait_done
 from tests.support.jobs import image_bytes
 from tests.support.models import test_model_path as served_model_path
-from tests_compose.conftest import ComposeStack, note
+from tests_compose.conftest import ComposeStack, note, timed
 
 pytestmark = pytest.mark.timeout(600)  # the first test also builds the image and starts the stack
 
@@ -53,7 +53,7 @@ async def client(stack: ComposeStack) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def spec_of(stack: ComposeStack, job_id: str) -> JobSpec:
-    return JobRecord.from_hash(stack.redis().hgetall(stack.keys.job(job_id))).spec
+    return JobRecord.from_hash(stack.redis.hgetall(stack.keys.job(job_id))).spec
 
 
 async def submit(client: httpx.AsyncClient, data: bytes, prompt: str, name: str = "i.jpg") -> str:
@@ -143,7 +143,17 @@ def flower_totals(stack: ComposeStack, auth: tuple[str, str] | None) -> dict[str
 
 
 async def test_decode_scales_to_three(stack: ComposeStack, client: httpx.AsyncClient) -> None:
-    stack.compose("up", "-d", "--wait", "--no-build", "--scale", "decode=3", timeout=180)
+    timed(
+        "scale decode to 3 (up --wait)",
+        stack,
+        "up",
+        "-d",
+        "--wait",
+        "--no-build",
+        "--scale",
+        "decode=3",
+        timeout=240,
+    )
     nodes = {f"decode@{stack.inspect(c, '{{.Config.Hostname}}')}" for c in stack.containers("decode")}
     assert len(nodes) == 3, nodes
     assert httpx.get(f"{stack.flower_url}/api/workers", timeout=10).status_code == 401  # credentials
@@ -166,9 +176,15 @@ async def test_decode_scales_to_three(stack: ComposeStack, client: httpx.AsyncCl
 # --- SIGKILL of the inference worker ---
 
 
+def held_count(stack: ComposeStack, consumer: str) -> int:
+    """How many stream entries ``consumer`` holds unacknowledged (one round trip: XPENDING summary)."""
+    summary = stack.redis.xpending(stack.keys.inference_stream(), INFERENCE_GROUP)
+    return sum(int(c["pending"]) for c in summary["consumers"] or [] if c["name"].decode() == consumer)
+
+
 def held_jobs(stack: ComposeStack, consumer: str) -> list[str]:
     """Jobs delivered to ``consumer`` and not yet acknowledged (its stream entries still pending)."""
-    r = stack.redis()
+    r = stack.redis
     stream = stack.keys.inference_stream()
     pending = r.xpending_range(stream, INFERENCE_GROUP, "-", "+", 100, consumername=consumer)
     entries = [r.xrange(stream, p["message_id"], p["message_id"]) for p in pending]
@@ -190,8 +206,8 @@ def kill_when_busy(
     """SIGKILL the worker once it holds a few jobs; returns the jobs it held when it died, and when."""
     pid = int(stack.inspect(container, "{{.State.Pid}}"))
     deadline = time.monotonic() + timeout_s
-    while len(held_jobs(stack, consumer)) < 3:
-        assert time.monotonic() < deadline, "the inference worker never held 3 jobs at once"
+    while held_count(stack, consumer) < 4:
+        assert time.monotonic() < deadline, "the inference worker never held 4 jobs at once"
         time.sleep(0.005)
     sigkill(pid)
     killed_at = time.monotonic()
