@@ -27,9 +27,10 @@ from shared.jobs import JobRecord
 from shared.keys import INFERENCE_GROUP
 from shared.schemas import JobSpec
 from tests.gateway.clients import read_sse, token_text
-from tests.service.conftest import Reference, wait_done
+from tests.service.conftest import wait_done
 from tests.support.jobs import image_bytes
 from tests.support.models import test_model_path as served_model_path
+from tests.support.reference import Reference
 from tests_compose.conftest import ComposeStack, note, timed
 
 pytestmark = pytest.mark.timeout(600)  # the first test also builds the image and starts the stack
