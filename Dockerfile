@@ -2,7 +2,7 @@
 # docker-compose.yml and k8s/ pick the process with the command. Build: `docker compose build`.
 #
 #   TORCH_INDEX_URL  where the pinned torch comes from: PyTorch's CPU index by default (PyPI's
-#                    Linux torch is the CUDA build, ~3 GB more); the `gpu` profile passes a CUDA
+#                    Linux torch is the CUDA build, several GB more); the `gpu` profile passes a CUDA
 #                    index. A machine with torch in its pip find-links (the build machines'
 #                    /opt/wheels) gets it from there when the index is unreachable.
 ARG PYTHON_IMAGE=python:3.11-slim
