@@ -10,7 +10,17 @@ from fastapi import FastAPI
 
 from gateway.body_limit import BodyLimitMiddleware, body_limit
 from gateway.errors import install_error_handlers
-from gateway.routes import chat_ws, conversations, dead_letters, health, job_streams, jobs, openai, web
+from gateway.routes import (
+    chat_ws,
+    conversations,
+    dead_letters,
+    health,
+    job_streams,
+    jobs,
+    openai,
+    status,
+    web,
+)
 from gateway.state import GatewayState
 from shared.config import GatewaySettings, get_gateway_settings
 
@@ -33,6 +43,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(title="vlmq gateway", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes))
-    for module in (jobs, job_streams, conversations, chat_ws, openai, dead_letters, health, web):
+    for module in (jobs, job_streams, conversations, chat_ws, openai, dead_letters, status, health, web):
         app.include_router(module.router)
     return app

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.queues import QueueFigures, read_queues
 from shared import workers
 from shared.keys import Keys
 from shared.metrics_hash import parse_series
@@ -27,8 +28,7 @@ from shared.values import as_str
 
 @dataclass
 class RedisSnapshot:
-    inference_depth: int = 0
-    decode_depth: int = 0
+    queues: QueueFigures = field(default_factory=QueueFigures)
     heartbeats: list[dict[str, Any]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
 
@@ -40,18 +40,31 @@ async def read_heartbeats(redis: aioredis.Redis, keys: Keys, stale_s: float) -> 
 
 
 async def take_snapshot(redis: aioredis.Redis, keys: Keys, stale_s: float) -> RedisSnapshot:
-    """Everything /metrics shows from Redis, in O(1) commands (no SCAN)."""
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.hgetall(keys.metrics_counters())
-        pipe.xlen(keys.inference_stream())
-        pipe.llen(keys.decode_queue())
-        counters, inference, decode = await pipe.execute()
+    """Everything /metrics shows from Redis, in O(workers) commands (no SCAN)."""
+    counters = await redis.hgetall(keys.metrics_counters())
     return RedisSnapshot(
-        inference_depth=int(inference),
-        decode_depth=int(decode),
+        queues=await read_queues(redis, keys),
         heartbeats=await read_heartbeats(redis, keys, stale_s),
         counters={as_str(k): _num(v) for k, v in counters.items() if _num(v) is not None},  # type: ignore[misc]
     )
+
+
+def queue_families(queues: QueueFigures) -> Iterator[Metric]:
+    """Queue depths, and the inference backlog autoscalers scale on (every stream's unread entries)."""
+    depth = GaugeMetricFamily(
+        "vlmq_queue_depth", "Jobs per queue: decode tasks waiting, inference jobs in flight", labels=["queue"]
+    )
+    depth.add_metric(["inference"], queues.inference_in_flight)
+    depth.add_metric(["decode"], queues.decode)
+    yield depth
+    backlog = GaugeMetricFamily(
+        "vlmq_inference_backlog",
+        "Inference jobs no worker has read yet, per stream (shared, or a worker's own)",
+        labels=["stream"],
+    )
+    for name, figures in sorted(queues.inference.items()):
+        backlog.add_metric([name], figures.backlog)
+    yield backlog
 
 
 def flatten(stats: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -73,10 +86,7 @@ class RedisFiguresCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
-        depth = GaugeMetricFamily("vlmq_queue_depth", "Jobs waiting per queue", labels=["queue"])
-        depth.add_metric(["inference"], snap.inference_depth)
-        depth.add_metric(["decode"], snap.decode_depth)
-        yield depth
+        yield from queue_families(snap.queues)
         yield from self._workers(snap.heartbeats)
         yield from counter_families(snap.counters)
 

@@ -57,6 +57,10 @@ class UpSettings(BaseSettings):
     )
     flower_password: str | None = Field(default=None, description="Flower basic-auth password")
     ready_timeout_s: float = Field(default=180.0, description="How long `make up` waits for every service")
+    inference_workers: int = Field(default=1, ge=1, description="Inference worker processes `make up` runs")
+    decode_workers: int = Field(
+        default=1, ge=1, description="Celery decode nodes `make up` runs (each with VLMQ_DECODE_CONCURRENCY)"
+    )
     run_dir: Path = Field(
         default=Path(".run"), description="Logs (logs/) and the embedded Redis's data (redis/)"
     )
@@ -108,12 +112,21 @@ def commands(gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings) -> 
     ]
     if up.flower_user and up.flower_password:
         flower.append(f"--basic-auth={up.flower_user}:{up.flower_password}")
-    return {
-        "inference": inference_command(),
-        "decode": decode_command(dec.decode_concurrency, gw.log_level, "decode@%h"),
-        "gateway": gateway_command(),
-        "flower": flower,
-    }
+    procs = {**numbered("inference", up.inference_workers, lambda _name: inference_command())}
+    procs.update(
+        numbered(
+            "decode",
+            up.decode_workers,
+            lambda name: decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h"),
+        )
+    )
+    return {**procs, "gateway": gateway_command(), "flower": flower}
+
+
+def numbered(kind: str, count: int, command: Callable[[str], list[str]]) -> dict[str, list[str]]:
+    """One process of ``kind`` is named ``kind``; several are ``kind-1``, ``kind-2``..."""
+    names = [kind] if count == 1 else [f"{kind}-{i}" for i in range(1, count + 1)]
+    return {name: command(name) for name in names}
 
 
 def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float, stopping: list[int]) -> bool:

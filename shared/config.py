@@ -49,6 +49,10 @@ class CommonSettings(BaseSettings):
         30.0,
         description="A job queued/decoding/waiting this long without progress is re-enqueued by the sweeper",
     )
+    affinity_routing: bool = Field(
+        True,
+        description="Route a job to the live inference worker that holds its session KV or image features",
+    )
     max_decode_attempts: int = Field(
         3, description="Decode deliveries (worker deaths, sweeper re-enqueues) after which a job fails"
     )
@@ -128,6 +132,11 @@ class InferenceSettings(CommonSettings):
         ge=1,
         description="Engine steps in a row in which every sequence failed before the engine is unhealthy "
         "and the worker exits (code 75) to be restarted; a device error (CUDA error) exits at once",
+    )
+    affinity_max_wait_ms: int = Field(
+        1000,
+        description="A job routed to a busy worker that has not read it within this long moves to the "
+        "shared stream (any worker takes it)",
     )
     gil_switch_interval_s: float = Field(
         0.0005,

@@ -44,6 +44,18 @@ class Keys:
         """Stream read by inference workers through the consumer group ``INFERENCE_GROUP``."""
         return f"{self.prefix}:inference"
 
+    def worker_stream(self, worker_id: str) -> str:
+        """Stream of the jobs routed to one inference worker for its caches (same group name)."""
+        return f"{self.prefix}:inference:w:{worker_id}"
+
+    def session_owner(self, affinity_key: str) -> str:
+        """String: the inference worker whose engine holds this affinity key's session KV (TTL)."""
+        return f"{self.prefix}:owner:session:{affinity_key}"
+
+    def image_owner(self, digest: str) -> str:
+        """String: the inference worker whose image cache holds this image's features (TTL)."""
+        return f"{self.prefix}:owner:image:{digest}"
+
     def active_jobs(self) -> str:
         """Sorted set: every accepted job not yet terminal (member: its ``job`` key), scored by the
         time of its last progress. Its size is the admission depth; the sweeper reads its old end."""

@@ -21,6 +21,7 @@ from shared.config import DecodeWorkerSettings
 from shared.jobs import (
     FINISH_LUA,
     HANDOFF_LUA,
+    ROUTE_LUA,
     SET_STATUS_LUA,
     TENSOR_OR_IMAGE_LUA,
     JobRecord,
@@ -33,7 +34,7 @@ from shared.jobs import (
     terminal_event,
 )
 from shared.keys import Keys
-from shared.schemas import ErrorCode, JobStatus
+from shared.schemas import ErrorCode, JobSpec, JobStatus
 from shared.tensors import pack_tensors
 from worker.imaging import ImageRejected, decode_image
 
@@ -82,11 +83,13 @@ class DecodePipeline:
         pipe_script(
             pipe, SET_STATUS_LUA, self._job_keys(job_id), status_args(JobStatus.DECODING, started, self._ttl)
         )
+        self._route(pipe, job.spec, started)
         if tensor_key is not None and digest is not None:
             keys = [tensor_key, self.keys.image(digest)]
             pipe_script(pipe, TENSOR_OR_IMAGE_LUA, keys, [self.settings.image_ttl_s])
         replies = pipe.execute()
-        attempts, found = int(replies[0]), replies[3] if digest is not None else None
+        attempts, owner = int(replies[0]), replies[3]
+        found = replies[4] if digest is not None else None
         if attempts > self.settings.max_decode_attempts:
             return self._dead_letter(job_id, attempts - 1)
         packed = None
@@ -102,9 +105,24 @@ class DecodePipeline:
             except ImageRejected as exc:
                 return self.fail(job_id, str(exc), exc.code)
         decode_s = time.time() - started
-        return self._hand_over(job_id, decode_s, tensor_key, packed)
+        return self._hand_over(job_id, decode_s, tensor_key, packed, self._stream_for(owner))
 
     # --- steps ---
+    def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
+        """Queue ``ROUTE_LUA``: the live worker holding the job's session KV or image features."""
+        keys = [
+            self.keys.session_owner(spec.affinity_key or ""),
+            self.keys.image_owner(spec.image_digest or ""),
+            self.keys.workers(),
+        ]
+        pipe_script(pipe, ROUTE_LUA, keys, [now - self.settings.worker_stale_s])
+
+    def _stream_for(self, owner: bytes | None) -> str:
+        """The owner's own stream when routing is on and there is one, else the shared stream."""
+        if owner and self.settings.affinity_routing:
+            return self.keys.worker_stream(owner.decode())
+        return self.keys.inference_stream()
+
     def _stop_reason(self, job: JobRecord, cancelled: bool) -> DecodeOutcome | None:
         """Cancelled by the client or past its deadline: finish now, never decode."""
         refused = refusal(job.spec, cancelled, before="decoding")
@@ -123,7 +141,7 @@ class DecodePipeline:
             raise ImageRejected(f"image could not be processed: {exc}") from exc
 
     def _hand_over(
-        self, job_id: str, decode_s: float, tensor_key: str | None, packed: bytes | None
+        self, job_id: str, decode_s: float, tensor_key: str | None, packed: bytes | None, stream: str
     ) -> DecodeOutcome:
         """One MULTI: the new tensor (if decoded), the decode timings, then ``HANDOFF_LUA``."""
         cache_hit = tensor_key is not None and packed is None
@@ -134,7 +152,7 @@ class DecodePipeline:
             self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
         )
         args = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
-        pipe_script(pipe, HANDOFF_LUA, [*self._job_keys(job_id), self.keys.inference_stream()], args)
+        pipe_script(pipe, HANDOFF_LUA, [*self._job_keys(job_id), stream], args)
         if not pipe.execute()[-1]:
             return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
         return DecodeOutcome("waiting", "", decode_s, cache_hit)

@@ -9,6 +9,7 @@ attempt acknowledges it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from services.inference_worker.job_run import JobRun
 from services.inference_worker.stream_consumer import StreamConsumer
 from shared import conversations, metrics_hash, result_cache
 from shared.keys import Keys
-from shared.schemas import JobEvent, JobStatus
+from shared.schemas import JobEvent, JobSpec, JobStatus
 
 log = logging.getLogger(__name__)
 FENCED = -1
@@ -29,6 +30,8 @@ class WriterConfig:
     model_id: str  # result_cache.model_identity(...): the weights that answer
     session_ttl_s: int
     result_cache_ttl_s: int
+    # queues the owner records of a finished job (``affinity.record_owner``), or nothing
+    record_owner: Callable[[Any, JobSpec], None] = lambda _pipe, _spec: None
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class FinishEffects:
             if item.wrote:  # this attempt wrote the terminal state: its side effects happen once
                 self._side_effects(pipe, item.run, item.event, item.status)
             if item.reply != FENCED:
-                self.consumer.ack(pipe, item.run.entry.entry_id)
+                self.consumer.ack(pipe, item.run.entry)
         _execute(pipe)
         for item in done:
             note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
@@ -71,7 +74,7 @@ class FinishEffects:
 
     def ack(self, run: JobRun) -> None:
         pipe = self.r.pipeline(transaction=False)
-        self.consumer.ack(pipe, run.entry.entry_id)
+        self.consumer.ack(pipe, run.entry)
         _execute(pipe)
 
     def _side_effects(self, pipe: Any, run: JobRun, event: JobEvent, status: JobStatus) -> None:
@@ -80,6 +83,7 @@ class FinishEffects:
         if status is not JobStatus.DONE:
             return
         conversations.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
+        self.config.record_owner(pipe, run.spec)
         cache_key = result_cache.cache_key(self.keys, self.config.model_id, run.spec)
         if cache_key and event.usage is not None:
             record = result_cache.CachedResult(

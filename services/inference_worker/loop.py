@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from services.engine.api import ImageInput, RequestRejected
+from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import WriterConfig
 from services.inference_worker.engine_request import build_request, needs_image
 from services.inference_worker.event_writer import EventWriter
@@ -53,19 +54,25 @@ class InferenceWorker:
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
         self.store = JobStore(client, self.keys, settings.job_ttl_s, settings.image_ttl_s)
-        self.consumer = StreamConsumer(client, self.keys.inference_stream(), self.worker_id)
-        config = WriterConfig(settings.result_model_id, settings.session_ttl_s, settings.result_cache_ttl_s)
+        self.consumer = StreamConsumer(client, self.keys, self.worker_id)
+        config = WriterConfig(
+            settings.result_model_id,
+            settings.session_ttl_s,
+            settings.result_cache_ttl_s,
+            lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
+        )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
         self.sweeper = Sweeper(client, settings, self.worker_id, self.store)
-        self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0, "sweep": 0.0}
+        self.rebalancer = Rebalancer(client, settings, self.worker_id)
+        self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0, "sweep": 0.0, "rebalance": 0.0}
 
     # --- lifecycle ---
     def run(self) -> None:
-        self.consumer.ensure_group()
+        self.consumer.ensure_groups()
         self.consumer.prune_consumers()
         self.writer.start()
         self.heartbeat()
@@ -91,7 +98,7 @@ class InferenceWorker:
         time.sleep(backoff)
         if isinstance(exc, redis.ResponseError):
             try:
-                self.consumer.ensure_group()
+                self.consumer.ensure_groups()
             except redis.RedisError as again:
                 log.warning("could not recreate the consumer group yet: %s", again)
         return min(2 * backoff, 2.0)
@@ -112,8 +119,12 @@ class InferenceWorker:
             self.poll_cancels()
         if now >= self._next["claim"]:
             self._next["claim"] = now + max(0.5, self.settings.claim_idle_ms / 2000)
-            for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots()):
+            streams = self.rebalancer.claim_streams()
+            for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots(), streams):
                 self.handle(entry)
+        if now >= self._next["rebalance"] and self.settings.affinity_routing:
+            self._next["rebalance"] = now + self.rebalancer.period_s
+            self.rebalancer.rebalance()
         if now >= self._next["sweep"]:
             self._next["sweep"] = now + self.sweeper.period_s
             self.sweeper.sweep()
@@ -225,7 +236,7 @@ class InferenceWorker:
     def renew(self) -> None:
         """Keep this worker's entries from going idle; drop the runs of entries it no longer owns."""
         runs = self._runs()
-        lost = self.consumer.renew([run.entry.entry_id for run in runs])
+        lost = self.consumer.renew([run.entry for run in runs])
         for run in runs:
             if run.entry.entry_id in lost:
                 log.warning("job %s: claimed by another worker; dropping attempt %d", run.job_id, run.attempt)
@@ -269,7 +280,7 @@ class InferenceWorker:
     # --- helpers ---
     def _ack(self, entry: Entry, outcome: JobStatus | None = None) -> None:
         pipe = self.r.pipeline(transaction=False)
-        self.consumer.ack(pipe, entry.entry_id)
+        self.consumer.ack(pipe, entry)
         if outcome is not None:
             metrics_hash.inc(pipe, self.keys.metrics_counters(), "jobs_total", outcome=outcome.value)
         pipe.execute()

@@ -1,19 +1,24 @@
-"""The inference stream's consumer group: the only place that speaks XREADGROUP/XAUTOCLAIM/XACK.
+"""The inference streams' consumer group: the only place that speaks XREADGROUP/XAUTOCLAIM/XACK.
 
-An entry stays in the group's pending list until ``ack`` (after the job's terminal state is
-written). A live worker renews its entries (``renew``: idle time back to 0, only for entries it
-still owns: never one another worker has claimed meanwhile) so only entries of dead workers go
-idle long enough for ``claim_idle`` to take them.
+A worker reads two streams through the group ``INFERENCE_GROUP``: its own
+(``Keys.worker_stream``: jobs routed to it because its caches hold their session or image) first,
+then the shared one (``Keys.inference_stream``: any worker). An entry stays in its stream's
+pending list until ``ack`` (after the job's terminal state is written). A live worker renews its
+entries (``renew``: idle time back to 0, only for entries it still owns: never one another worker
+has claimed meanwhile) so only entries of dead workers go idle long enough for ``claim_idle`` to
+take them, from the shared stream or a dead worker's own.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from shared.keys import INFERENCE_GROUP
+from shared.keys import INFERENCE_GROUP, Keys
 from shared.values import as_str
 
 # KEYS: stream. ARGV: group, consumer, entry ids. Resets the idle time of the entries still owned
@@ -37,75 +42,95 @@ return owned
 
 @dataclass(frozen=True)
 class Entry:
+    stream: str
     entry_id: str
     job_id: str
 
 
 class StreamConsumer:
-    def __init__(self, client: redis.Redis, stream: str, consumer: str, group: str = INFERENCE_GROUP):
+    def __init__(self, client: redis.Redis, keys: Keys, consumer: str, group: str = INFERENCE_GROUP):
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
-        self.stream = stream
+        self.shared = keys.inference_stream()
+        self.own = keys.worker_stream(consumer)
         self.group = group
         self.consumer = consumer
-        self._claim_cursor = "0-0"
+        self._claim_cursors: dict[str, str] = defaultdict(lambda: "0-0")
         self._renew = client.register_script(RENEW_LUA)
 
-    def ensure_group(self) -> None:
-        try:
-            self.r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    def ensure_groups(self) -> None:
+        for stream in (self.own, self.shared):
+            try:
+                self.r.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
     def read(self, count: int, block_ms: int, own_pending: bool = False) -> list[Entry]:
-        """New entries (or, with ``own_pending``, entries already delivered to this consumer name)."""
+        """New entries, its own stream's first (or, with ``own_pending``, entries already delivered
+        to this consumer name: a worker restarted under the same id takes its jobs back)."""
         if count <= 0:
             return []
         start = "0" if own_pending else ">"
         reply = self.r.xreadgroup(
             self.group,
             self.consumer,
-            {self.stream: start},
+            {self.own: start, self.shared: start},
             count=count,
             block=None if own_pending else block_ms,
         )
-        return [e for _stream, items in reply or [] for e in _entries(items)]
+        return [e for stream, items in reply or [] for e in _entries(as_str(stream), items)]
 
-    def claim_idle(self, min_idle_ms: int, count: int) -> list[Entry]:
+    def claim_idle(self, min_idle_ms: int, count: int, streams: Iterable[str]) -> list[Entry]:
         """Entries idle for ``min_idle_ms`` (their worker died), now delivered to this consumer."""
-        if count <= 0:
-            return []
-        reply = self.r.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_ms, start_id=self._claim_cursor, count=count
-        )
-        self._claim_cursor = as_str(reply[0])
-        return list(_entries(reply[1]))
+        claimed: list[Entry] = []
+        for stream in streams:
+            if len(claimed) >= count:
+                break
+            try:
+                reply = self.r.xautoclaim(
+                    stream,
+                    self.group,
+                    self.consumer,
+                    min_idle_ms,
+                    start_id=self._claim_cursors[stream],
+                    count=count - len(claimed),
+                )
+            except redis.ResponseError:  # a dead worker's stream already gone (NOGROUP)
+                self._claim_cursors.pop(stream, None)
+                continue
+            self._claim_cursors[stream] = as_str(reply[0])
+            claimed += _entries(stream, reply[1])
+        return claimed
 
-    def renew(self, entry_ids: list[str]) -> set[str]:
+    def renew(self, entries: list[Entry]) -> set[str]:
         """Reset the idle time of entries this worker still owns; returns the ids it no longer owns."""
-        if not entry_ids:
-            return set()
-        owned = self._renew(keys=[self.stream], args=[self.group, self.consumer, *entry_ids])
-        return set(entry_ids) - {as_str(e) for e in owned}
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for entry in entries:
+            by_stream[entry.stream].append(entry.entry_id)
+        lost: set[str] = set()
+        for stream, ids in by_stream.items():
+            owned = self._renew(keys=[stream], args=[self.group, self.consumer, *ids])
+            lost |= set(ids) - {as_str(e) for e in owned}
+        return lost
 
-    def ack(self, pipe: redis.client.Pipeline, entry_id: str) -> None:
-        """Queue XACK + XDEL on ``pipe``: the stream only holds unfinished work."""
-        pipe.xack(self.stream, self.group, entry_id)
-        pipe.xdel(self.stream, entry_id)
+    def ack(self, pipe: redis.client.Pipeline, entry: Entry) -> None:
+        """Queue XACK + XDEL on ``pipe``: a stream only holds unfinished work."""
+        pipe.xack(entry.stream, self.group, entry.entry_id)
+        pipe.xdel(entry.stream, entry.entry_id)
 
     def prune_consumers(self, min_idle_ms: int = 600_000) -> int:
         """Forget consumers (workers gone long ago) that hold no pending entries; returns how many."""
         pruned = 0
-        for info in self.r.xinfo_consumers(self.stream, self.group):
+        for info in self.r.xinfo_consumers(self.shared, self.group):
             name = as_str(info["name"])
             if name != self.consumer and int(info["pending"]) == 0 and int(info["idle"]) >= min_idle_ms:
-                pruned += int(self.r.xgroup_delconsumer(self.stream, self.group, name) == 0)
+                pruned += int(self.r.xgroup_delconsumer(self.shared, self.group, name) == 0)
         return pruned
 
 
-def _entries(items: list) -> list[Entry]:  # type: ignore[type-arg]
+def _entries(stream: str, items: list) -> list[Entry]:  # type: ignore[type-arg]
     out = []
     for entry_id, fields in items:
         job_id = (fields or {}).get(b"job_id") or (fields or {}).get("job_id") or b""  # "" = deleted entry
-        out.append(Entry(as_str(entry_id), as_str(job_id)))
+        out.append(Entry(stream, as_str(entry_id), as_str(job_id)))
     return out

@@ -68,16 +68,16 @@ return 1
 """
 )
 
-# KEYS: the four job keys, then the inference stream. ARGV: as SET_STATUS_LUA (6 values), then
-# job_id. Only from queued/decoding: a redelivered task whose job is already handed over does
-# nothing. The stream entry's id is kept in the hash (``entry_id``) so the sweeper can tell a lost
-# entry from a slow one.
+# KEYS: the four job keys, then the stream it goes to (the shared one, or a worker's own). ARGV: as
+# SET_STATUS_LUA (6 values), then job_id. Only from queued/decoding: a redelivered task whose job
+# is already handed over does nothing. The stream entry is kept in the hash (``entry_id``,
+# ``entry_stream``) so the sweeper can tell a lost entry from a slow one.
 HANDOFF_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'decoding' then return 0 end
 local entry = redis.call('XADD', KEYS[5], '*', 'job_id', ARGV[7])
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
-redis.call('HSET', KEYS[1], 'entry_id', entry)
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'entry_stream', KEYS[5])
 redis.call('ZADD', KEYS[4], ARGV[3], KEYS[1])
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -110,10 +110,12 @@ redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 return 1
 """
 
-# KEYS: job hash, active-jobs set, inference stream. ARGV: now, cutoff, job_id. A job waiting or
-# generating with no progress since ``cutoff``: if its stream entry is gone (the stream was deleted,
-# flushed or evicted) it gets a new one; if the entry is there it is only slow (a dead consumer's
-# entry is claimed by XAUTOCLAIM). Returns 2 re-added, 1 entry alive, 0 moved on meanwhile.
+# KEYS: job hash, active-jobs set, shared inference stream. ARGV: now, cutoff, job_id. A job
+# waiting or generating with no progress since ``cutoff``: if its stream entry is gone (the stream
+# was deleted, flushed or evicted) it gets a new one in the shared stream; if the entry is there it
+# is only slow (a dead consumer's entry is claimed by XAUTOCLAIM). Returns 2 re-added, 1 entry
+# alive, 0 moved on meanwhile. (The entry's stream is read from the hash: vlmq runs on one Redis
+# node or Sentinel, never Cluster, so undeclared keys are safe.)
 REQUEUE_INFERENCE_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'waiting' and status ~= 'generating' then return 0 end
@@ -121,10 +123,53 @@ local score = redis.call('ZSCORE', KEYS[2], KEYS[1])
 if score and tonumber(score) > tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 local entry = redis.call('HGET', KEYS[1], 'entry_id')
-if entry and #redis.call('XRANGE', KEYS[3], entry, entry) > 0 then return 1 end
+local stream = redis.call('HGET', KEYS[1], 'entry_stream') or KEYS[3]
+if entry and #redis.call('XRANGE', stream, entry, entry) > 0 then return 1 end
 local id = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[3])
-redis.call('HSET', KEYS[1], 'entry_id', id)
+redis.call('HSET', KEYS[1], 'entry_id', id, 'entry_stream', KEYS[3])
 return 2
+"""
+
+# KEYS: the session-owner key, the image-owner key, the workers' registry. ARGV: the oldest
+# heartbeat that still counts as alive. The worker a job should go to: the live owner of its
+# session KV, else of its image's features; false: any worker (the shared stream).
+ROUTE_LUA = """
+for i = 1, 2 do
+  local owner = redis.call('GET', KEYS[i])
+  if owner then
+    local beat = redis.call('ZSCORE', KEYS[3], owner)
+    if beat and tonumber(beat) >= tonumber(ARGV[1]) then return owner end
+  end
+end
+return false
+"""
+
+# KEYS: a worker's own stream, the shared stream. ARGV: group, cutoff entry id ('+': all), max
+# entries, the job key prefix ('<prefix>:job:'). Entries the worker has not read yet (after its
+# group's last-delivered id) and older than the cutoff move to the shared stream, so a job routed
+# to a busy or dead worker waits at most the affinity bound. Returns how many moved.
+MOVE_UNREAD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local last = '0-0'
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, delivered
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then delivered = g[i + 1] end
+  end
+  if name == ARGV[1] then last = delivered end
+end
+local entries = redis.call('XRANGE', KEYS[1], '(' .. last, ARGV[2], 'COUNT', ARGV[3])
+for _, e in ipairs(entries) do
+  local job_id = ''
+  for i = 1, #e[2], 2 do if e[2][i] == 'job_id' then job_id = e[2][i + 1] end end
+  local id = redis.call('XADD', KEYS[2], '*', 'job_id', job_id)
+  redis.call('XDEL', KEYS[1], e[1])
+  local job = ARGV[4] .. job_id
+  if redis.call('HGET', job, 'entry_id') == e[1] then
+    redis.call('HSET', job, 'entry_id', id, 'entry_stream', KEYS[2])
+  end
+end
+return #entries
 """
 
 # KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the

@@ -47,8 +47,8 @@ class Harness:
         self.r: Any = client
         self.keys = keys
         self.store = JobStore(client, keys, 3600, 900)
-        self.consumer = StreamConsumer(client, keys.inference_stream(), "w1")
-        self.consumer.ensure_group()
+        self.consumer = StreamConsumer(client, keys, "w1")
+        self.consumer.ensure_groups()
         self.cancelled: list[str] = []
         self.finished: list[str] = []
         config = WriterConfig("model-x", 600, 600)
@@ -142,15 +142,17 @@ def test_a_permanent_redis_error_fails_the_job_and_marks_the_writer_unhealthy(ha
 
 
 def test_renew_never_takes_back_an_entry_another_worker_claimed(redis_client: Any, keys: Keys) -> None:
-    mine = StreamConsumer(redis_client, keys.inference_stream(), "old")
-    other = StreamConsumer(redis_client, keys.inference_stream(), "new")
-    mine.ensure_group()
+    mine = StreamConsumer(redis_client, keys, "old")
+    other = StreamConsumer(redis_client, keys, "new")
+    mine.ensure_groups()
     for job in ("a", "b"):
         redis_client.xadd(keys.inference_stream(), {"job_id": job})
     a, b = mine.read(2, 10)
     time.sleep(0.2)
-    assert [e.job_id for e in other.claim_idle(100, 1)] == ["a"]  # "old" looked dead
-    assert mine.renew([a.entry_id, b.entry_id]) == {a.entry_id}  # lost "a", kept "b"
+    assert [e.job_id for e in other.claim_idle(100, 1, [keys.inference_stream()])] == [
+        "a"
+    ]  # "old" looked dead
+    assert mine.renew([a, b]) == {a.entry_id}  # lost "a", kept "b"
     pending = redis_client.xpending_range(keys.inference_stream(), INFERENCE_GROUP, "-", "+", 10)
     owners = {p["message_id"].decode(): p["consumer"].decode() for p in pending}
     assert owners == {a.entry_id: "new", b.entry_id: "old"}
