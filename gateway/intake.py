@@ -24,6 +24,7 @@ from shared.schemas import ChatTurn
 
 Source = Literal["jobs", "ws", "openai"]
 MAX_FORM_FIELDS = 32
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")  # a follow-up needs no file
 
 
 @dataclass(frozen=True)
@@ -59,21 +60,21 @@ class Submission:
 async def from_http(request: Request, settings: GatewaySettings, no_cache: bool) -> Submission:
     """Multipart (file or base64 in ``image``) or JSON (``image`` as base64 / data URL)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "multipart/form-data":
-        raw, image = await _read_multipart(request)
+    if content_type in FORM_TYPES:
+        raw, image = await _read_form(request)
     elif content_type in ("application/json", ""):
         raw = await _read_json(request)
         image = _image_field(raw.pop("image", None))
     else:
         raise APIError(
             415,
-            f"unsupported content type {content_type!r}; send multipart/form-data or application/json",
+            f"unsupported content type {content_type!r}; send a form (multipart with a file) or JSON",
             code="unsupported_content_type",
         )
     return await _job_submission("jobs", raw, image, settings, use_result_cache=not no_cache)
 
 
-async def _read_multipart(request: Request) -> tuple[dict[str, Any], bytes | str | None]:
+async def _read_form(request: Request) -> tuple[dict[str, Any], bytes | str | None]:
     async with request.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:  # closes the spooled file
         raw: dict[str, Any] = {}
         image: bytes | str | None = None

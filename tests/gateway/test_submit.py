@@ -149,3 +149,13 @@ async def test_new_image_restarts_the_session(
     assert [(t.role, t.text, t.image) for t in spec2.messages] == [("user", "And now?", True)]
     session = (await client.get("/v1/sessions/switch-1")).json()
     assert session["image_digest"] == spec2.image_digest and session["turns"] == []
+
+
+async def test_a_follow_up_may_be_a_plain_urlencoded_form(client: httpx.AsyncClient) -> None:
+    """A question in a session needs no file: a browser form or ``curl -d`` is enough."""
+    files = {"image": ("a.jpg", JPEG, "image/jpeg")}
+    first = (await client.post("/v1/jobs", data={"prompt": "Colour?"}, files=files)).json()
+    resp = await client.post("/v1/jobs", data={"prompt": "Size?", "session_id": first["session_id"]})
+    assert resp.request.headers["content-type"] == "application/x-www-form-urlencoded"
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["session_id"] == first["session_id"]

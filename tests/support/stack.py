@@ -88,15 +88,18 @@ class ServiceStack:
 
     # --- process definitions ---
     def _make(self, name: str) -> ManagedProcess:
+        """``decode``, ``inference``, ``gateway``; ``decode-2``, ``inference-2``... for more of a kind."""
         log = self.log_dir / f"{name}.log"
-        if name == "decode":
+        kind = name.split("-")[0]
+        if kind == "decode":
             concurrency = self.env.get("VLMQ_DECODE_CONCURRENCY", "1")
-            node = f"decode-{self.key_prefix}@%h"
+            node = f"{name}-{self.key_prefix}@%h"
             cmd = decode_command(concurrency, "INFO", node, "--without-mingle", "--without-gossip")
             return ManagedProcess(name, cmd, self.env, log, ready=log_contains("decode process ready"))
-        if name == "inference":
-            alive = lambda _p: self.worker_alive()  # noqa: E731
-            return ManagedProcess(name, inference_command(), self.env, log, ready=alive)
+        if kind == "inference":
+            env = {**self.env, "VLMQ_WORKER_ID": f"{name}-{self.key_prefix}"}
+            ready = lambda _p: self.worker_alive(env["VLMQ_WORKER_ID"])  # noqa: E731
+            return ManagedProcess(name, inference_command(), env, log, ready=ready)
         if name == "gateway":
             env = {**self.env, "VLMQ_HOST": "127.0.0.1", "VLMQ_PORT": str(self.port)}
             return ManagedProcess(name, gateway_command(), env, log, ready=lambda _p: self._healthz())
@@ -109,10 +112,11 @@ class ServiceStack:
         except httpx.HTTPError:
             return False
 
-    def worker_alive(self) -> bool:
-        """An inference worker of this stack's key space has a fresh heartbeat."""
+    def worker_alive(self, worker_id: str | None = None) -> bool:
+        """An inference worker (this one, or any) of this stack's key space has a fresh heartbeat."""
         stale_s = float(self.env["VLMQ_WORKER_STALE_S"])
-        return bool(workers.live_sync(self.redis, self.keys, stale_s, time.time()))
+        beats = workers.live_sync(self.redis, self.keys, stale_s, time.time())
+        return any(worker_id in (None, b.get("worker_id")) for b in beats)
 
     # --- talking to the decode workers like the gateway does ---
     def celery_app(self) -> Celery:
@@ -149,11 +153,10 @@ class ServiceStack:
         proc = self.procs[name]
         if proc.alive():
             proc.stop()
-        if name == "inference":  # the dead worker's heartbeat must not count as readiness
-            for worker_id in self.redis.zrange(self.keys.workers(), 0, -1):
-                pipe = self.redis.pipeline()
-                workers.withdraw(pipe, self.keys, worker_id.decode())
-                pipe.execute()
+        if name.startswith("inference"):  # the dead worker's heartbeat must not count as readiness
+            pipe = self.redis.pipeline()
+            workers.withdraw(pipe, self.keys, proc.env["VLMQ_WORKER_ID"])
+            pipe.execute()
         proc.start()
         proc.wait_ready(timeout_s)
 
