@@ -49,6 +49,9 @@ async def take_snapshot(redis: aioredis.Redis, keys: Keys, stale_s: float) -> Re
     )
 
 
+BACKLOG_METRIC = "vlmq_inference_backlog"  # what autoscalers scale inference on (k8s/components/keda)
+
+
 def queue_families(queues: QueueFigures) -> Iterator[Metric]:
     """Queue depths, and the inference backlog autoscalers scale on (every stream's unread entries)."""
     depth = GaugeMetricFamily(
@@ -58,7 +61,7 @@ def queue_families(queues: QueueFigures) -> Iterator[Metric]:
     depth.add_metric(["decode"], queues.decode)
     yield depth
     backlog = GaugeMetricFamily(
-        "vlmq_inference_backlog",
+        BACKLOG_METRIC,
         "Inference jobs no worker has read yet, per stream (shared, or a worker's own)",
         labels=["stream"],
     )

@@ -79,8 +79,9 @@ class Keys:
 
     # --- conversations and results ---
     def conversation(self, conversation_id: str) -> str:
-        """Hash: a stored conversation (messages JSON, image digest); the API calls its id session_id."""
-        return f"{self.prefix}:conversation:{conversation_id}"
+        """Hash: a stored conversation (messages JSON, image digest); the API calls its id session_id.
+        The key keeps the previous release's name, so both serve it during a rolling upgrade."""
+        return f"{self.prefix}:session:{conversation_id}"
 
     def result_cache(self, request_hash: str) -> str:
         return f"{self.prefix}:result:{request_hash}"

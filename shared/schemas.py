@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field, model_validator
 
 
 class JobStatus(enum.StrEnum):
@@ -52,9 +52,20 @@ class ChatTurn(BaseModel):
     image: bool = False
 
 
-class JobSpec(BaseModel):
-    """Everything a worker needs to run a job. Image bytes are never inside: only the digest."""
+SCHEMA_VERSION = 2  # of every record and message vlmq writes (rolling upgrades read the previous one)
 
+
+class JobSpec(BaseModel):
+    """Everything a worker needs to run a job. Image bytes are never inside: only the digest.
+
+    Version 1 (the previous release) had ``session_id`` (a conversation for jobs and chat
+    WebSocket requests, only an affinity key for OpenAI ones, told apart by ``source``) where
+    version 2 has ``conversation_id`` and ``affinity_key``. A v1 spec is read as v2; a v2 spec
+    still carries ``session_id`` so a v1 worker serving beside it during a rolling upgrade
+    records conversations as before.
+    """
+
+    v: int = SCHEMA_VERSION
     job_id: str
     created_at: float
     deadline: float | None = None
@@ -67,6 +78,25 @@ class JobSpec(BaseModel):
     use_cache: bool = True  # False bypasses engine caches (exactness tests, benchmarks)
     cancel_on_disconnect: bool = False
     source: Literal["jobs", "ws", "openai"] = "jobs"  # the route it came by (a metrics label)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def session_id(self) -> str | None:
+        """What a v1 reader expects: the conversation, or else the affinity key."""
+        return self.conversation_id or self.affinity_key
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_v1(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "session_id" not in data:
+            return data
+        data = dict(data)
+        session_id = data.pop("session_id")  # v2: derived again from the fields below
+        if data.get("v", 1) < 2:
+            data.setdefault("affinity_key", session_id)
+            data.setdefault("conversation_id", None if data.get("source") == "openai" else session_id)
+            data["v"] = SCHEMA_VERSION
+        return data
 
 
 class StageTimings(BaseModel):

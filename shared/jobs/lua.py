@@ -8,6 +8,10 @@ pass no fence.
 
 from __future__ import annotations
 
+from shared.schemas import SCHEMA_VERSION
+
+ENTRY_V = str(SCHEMA_VERSION)  # every inference stream entry says which schema wrote it
+
 # Lua: true when a status string is terminal (every script below uses it).
 IS_TERMINAL_LUA = """
 local function is_terminal(s)
@@ -72,10 +76,13 @@ return 1
 # SET_STATUS_LUA (6 values), then job_id. Only from queued/decoding: a redelivered task whose job
 # is already handed over does nothing. The stream entry is kept in the hash (``entry_id``,
 # ``entry_stream``) so the sweeper can tell a lost entry from a slow one.
-HANDOFF_LUA = """
+HANDOFF_LUA = (
+    """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'decoding' then return 0 end
-local entry = redis.call('XADD', KEYS[5], '*', 'job_id', ARGV[7])
+local entry = redis.call('XADD', KEYS[5], '*', 'job_id', ARGV[7], 'v', '"""
+    + ENTRY_V
+    + """')
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3], 'waiting_at', ARGV[3])
 redis.call('HSET', KEYS[1], 'entry_id', entry, 'entry_stream', KEYS[5])
 redis.call('ZADD', KEYS[4], ARGV[3], KEYS[1])
@@ -84,6 +91,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 redis.call('PUBLISH', KEYS[3], id)
 return 1
 """
+)
 
 # KEYS: the active-jobs set. ARGV: cap, now, the job hash key. Admission and its reservation in one
 # step, so concurrent gateways never admit past the cap: returns -1 when admitted (the job is in
@@ -116,7 +124,8 @@ return 1
 # is only slow (a dead consumer's entry is claimed by XAUTOCLAIM). Returns 2 re-added, 1 entry
 # alive, 0 moved on meanwhile. (The entry's stream is read from the hash: vlmq runs on one Redis
 # node or Sentinel, never Cluster, so undeclared keys are safe.)
-REQUEUE_INFERENCE_LUA = """
+REQUEUE_INFERENCE_LUA = (
+    """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'waiting' and status ~= 'generating' then return 0 end
 local score = redis.call('ZSCORE', KEYS[2], KEYS[1])
@@ -125,10 +134,13 @@ redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
 local entry = redis.call('HGET', KEYS[1], 'entry_id')
 local stream = redis.call('HGET', KEYS[1], 'entry_stream') or KEYS[3]
 if entry and #redis.call('XRANGE', stream, entry, entry) > 0 then return 1 end
-local id = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[3])
+local id = redis.call('XADD', KEYS[3], '*', 'job_id', ARGV[3], 'v', '"""
+    + ENTRY_V
+    + """')
 redis.call('HSET', KEYS[1], 'entry_id', id, 'entry_stream', KEYS[3])
 return 2
 """
+)
 
 # KEYS: the session-owner key, the image-owner key, the workers' registry. ARGV: the oldest
 # heartbeat that still counts as alive. The worker a job should go to: the live owner of its
@@ -148,7 +160,8 @@ return false
 # entries, the job key prefix ('<prefix>:job:'). Entries the worker has not read yet (after its
 # group's last-delivered id) and older than the cutoff move to the shared stream, so a job routed
 # to a busy or dead worker waits at most the affinity bound. Returns how many moved.
-MOVE_UNREAD_LUA = """
+MOVE_UNREAD_LUA = (
+    """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local last = '0-0'
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
@@ -162,7 +175,9 @@ local entries = redis.call('XRANGE', KEYS[1], '(' .. last, ARGV[2], 'COUNT', ARG
 for _, e in ipairs(entries) do
   local job_id = ''
   for i = 1, #e[2], 2 do if e[2][i] == 'job_id' then job_id = e[2][i + 1] end end
-  local id = redis.call('XADD', KEYS[2], '*', 'job_id', job_id)
+  local id = redis.call('XADD', KEYS[2], '*', 'job_id', job_id, 'v', '"""
+    + ENTRY_V
+    + """')
   redis.call('XDEL', KEYS[1], e[1])
   local job = ARGV[4] .. job_id
   if redis.call('HGET', job, 'entry_id') == e[1] then
@@ -171,6 +186,7 @@ for _, e in ipairs(entries) do
 end
 return #entries
 """
+)
 
 # KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the
 # image bytes (nil: expired). One round trip either way, and no image transfer on a cache hit.

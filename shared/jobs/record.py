@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.schemas import JobSpec, JobStatus, StageTimings, UsageInfo
+from shared.schemas import SCHEMA_VERSION, JobSpec, JobStatus, StageTimings, UsageInfo
 from shared.values import as_str
 
 EVENTS_MAXLEN = 100_000  # a job's event stream never grows without bound
@@ -60,6 +60,7 @@ def new_job_hash(spec: JobSpec) -> dict[str, str]:
     """Fields of a freshly accepted job (status queued)."""
     now = str(spec.created_at)
     return {
+        "v": str(SCHEMA_VERSION),
         "spec": spec.model_dump_json(),
         "status": JobStatus.QUEUED.value,
         "attempt": "0",

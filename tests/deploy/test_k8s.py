@@ -20,10 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.metrics import BACKLOG_METRIC
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.up import UpSettings
 from shared.config import CommonSettings, DecodeWorkerSettings, GatewaySettings, InferenceSettings
-from shared.keys import INFERENCE_GROUP, Keys
+from shared.keys import Keys
 from tests.deploy.manifests import (
     BUILDS,
     EXTERNAL_REDIS_BUILDS,
@@ -58,16 +59,21 @@ NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT"}  # set by the ma
 WORKERS = ("decode", "inference")
 APPS = ("gateway", *WORKERS, "flower")
 
-# What KEDA v2.20.2 reads (pkg/scalers/redis_scaler.go, redis_streams_scaler.go). It ignores
+# What KEDA v2.20.2 reads (pkg/scalers/redis_scaler.go, prometheus_scaler.go). It ignores
 # any other key: a misspelt `lagcount` would quietly scale on pending entries instead.
 REDIS_CONNECTION = {"address", "addresses", "host", "hosts", "port", "ports", "username", "password"}
 REDIS_CONNECTION |= {"sentinelUsername", "sentinelPassword", "sentinelMaster", "unsafeSsl"}
 TRIGGER_METADATA = {
     "redis": REDIS_CONNECTION
     | {"listName", "listLength", "activationListLength", "databaseIndex", "enableTLS"},
-    "redis-streams": REDIS_CONNECTION
-    | {"stream", "consumerGroup", "lagCount", "activationLagCount", "pendingEntriesCount", "streamLength"}
-    | {"databaseIndex", "enableTLS"},
+    "prometheus": {
+        "serverAddress",
+        "query",
+        "threshold",
+        "activationThreshold",
+        "namespace",
+        "ignoreNullValues",
+    },
 }
 AUTH_PARAMS = REDIS_CONNECTION - {"unsafeSsl"} | {"tls", "cert", "Cert", "key", "keyPassword", "ca"}
 
@@ -333,8 +339,9 @@ def test_scaled_deployments_have_a_pdb(build: str) -> None:
 
 @builds
 def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
-    """Decode on LLEN of Keys().decode_queue(); inference on the lag of the shared stream's
-    group. Names come from shared/keys.py with the deployment's VLMQ_KEY_PREFIX."""
+    """Decode on LLEN of Keys().decode_queue() (the name from shared/keys.py with the deployment's
+    VLMQ_KEY_PREFIX); inference on the backlog of every inference stream, the gateway's
+    ``vlmq_inference_backlog`` (per-worker streams included), through Prometheus."""
     objs = render(build)
     keys = Keys(setting_value(objs, CommonSettings, "key_prefix"))
     (decode,) = keda_triggers(objs, deployment(objs, "decode")["metadata"]["name"])
@@ -342,12 +349,12 @@ def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
     assert decode["metadata"]["listName"] == keys.decode_queue()
     assert int(decode["metadata"]["listLength"]) > 0
     (inference,) = keda_triggers(objs, deployment(objs, "inference")["metadata"]["name"])
-    assert inference["type"] == "redis-streams"
-    assert inference["metadata"]["stream"] == keys.inference_stream()
-    assert inference["metadata"]["consumerGroup"] == INFERENCE_GROUP
-    assert int(inference["metadata"]["lagCount"]) > 0
+    assert inference["type"] == "prometheus"
+    assert inference["metadata"]["query"] == f"sum({BACKLOG_METRIC})"
+    assert int(inference["metadata"]["threshold"]) > 0
+    assert not set(inference["metadata"]) - TRIGGER_METADATA["prometheus"]
     auths = {a["metadata"]["name"]: a for a in of_kind(objs, "TriggerAuthentication")}
-    for trigger in (decode, inference):
+    for trigger in (decode,):
         unknown = set(trigger["metadata"]) - TRIGGER_METADATA[trigger["type"]]
         assert not unknown, f"{trigger['type']}: KEDA ignores {sorted(unknown)}"
         auth = auths[trigger["authenticationRef"]["name"]]

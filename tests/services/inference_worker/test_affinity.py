@@ -45,7 +45,7 @@ def test_a_busy_owners_unread_entries_move_after_the_bound(redis_client: Any, ke
     time.sleep(0.35)
     assert rebalancer.rebalance() == 1
     (moved,) = r.xrange(keys.inference_stream())
-    assert moved[1] == {b"job_id": b"waiting"}
+    assert moved[1][b"job_id"] == b"waiting"
     assert r.hget(keys.job("waiting"), "entry_id") == moved[0]  # the sweeper looks for it there now
     assert r.hget(keys.job("waiting"), "entry_stream").decode() == keys.inference_stream()
     assert [f[b"job_id"] for _, f in r.xrange(keys.worker_stream("busy"))] == [b"read-it"]

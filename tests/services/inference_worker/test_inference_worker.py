@@ -292,7 +292,7 @@ def test_unhealthy_engine_exits_with_its_code_and_its_jobs_finish_on_the_next_wo
     env = {"VLMQ_MAX_BATCH": "1", "VLMQ_MAX_FAILED_STEPS": "1", "FAULTY_WORKER_FILE": str(fault)}
     cmd = [sys.executable, "-m", "tests.services.inference_worker.faulty_worker"]
     ready = lambda _p: stack.worker_alive()  # noqa: E731
-    faulty = ManagedProcess("inference", cmd, {**stack.env, **env}, real.log_path, ready)
+    faulty = ManagedProcess("inference", cmd, {**real.env, **env}, real.log_path, ready)
     stack.procs["inference"] = faulty
     try:
         stack.restart("inference")
