@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-compose lint bench bench-engine bench-service train train-smoke eval clean
+.PHONY: venv up test test-chaos test-compose lint bench bench-engine bench-service bench-scale train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -34,13 +34,17 @@ lint: venv
 	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker
 	$(BIN)/lint-imports
 
-bench: bench-engine bench-service
+bench: bench-engine bench-service bench-scale
 
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
 
 bench-service: venv
 	$(BIN)/python -m bench.service_bench
+
+# 1 vs 2 inference workers, cache-aware routing on/off (~6 min); exits 1 if routing loses session hits
+bench-scale: venv
+	$(BIN)/python -m bench.scale_bench
 
 train: venv
 	$(BIN)/python -m tinyvlm.train
