@@ -18,9 +18,13 @@ from typing import Any
 from shared.keys import Keys
 from shared.schemas import ChatTurn, JobSpec
 
-# KEYS: conversation hash. ARGV: image digest ('' = any), expected stored turn count, new turns JSON,
-# updated_at, ttl. Returns 1 when appended, 0 when the session changed (nothing written).
+# KEYS: conversation hash, job hash. ARGV: image digest ('' = any), expected stored turn count, new
+# turns JSON, updated_at, ttl, the attempt that must have finished the job ('' = no check). Returns 1
+# when appended, 0 when the conversation changed or another attempt finished the job (nothing
+# written). Queued in the same MULTI as the job's FINISH, after it: a client that sees the job
+# done already finds its turn in the conversation.
 APPEND_TURN_LUA = """
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[2], 'finished_attempt') ~= ARGV[6] then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'image_digest') ~= ARGV[1] then return 0 end
 local raw = redis.call('HGET', KEYS[1], 'messages')
@@ -37,13 +41,17 @@ def turns_json(turns: list[ChatTurn]) -> str:
     return json.dumps([t.model_dump(mode="json") for t in turns])
 
 
-def record_turn(pipe: Any, keys: Keys, spec: JobSpec, answer: str, ttl_s: int) -> None:
-    """Queue the compare-and-append on ``pipe`` (sync or asyncio); no-op without a conversation."""
+def record_turn(
+    pipe: Any, keys: Keys, spec: JobSpec, answer: str, ttl_s: int, attempt: int | None = None
+) -> None:
+    """Queue the compare-and-append on ``pipe`` (sync or asyncio); no-op without a conversation.
+    ``attempt``: append only if that attempt finished the job (a worker's FINISH in the same MULTI)."""
     if not spec.conversation_id or not spec.messages:
         return
     new = turns_json([spec.messages[-1], ChatTurn(role="assistant", text=answer)])
-    args = [spec.image_digest or "", len(spec.messages) - 1, new, time.time(), ttl_s]
-    pipe.eval(APPEND_TURN_LUA, 1, keys.conversation(spec.conversation_id), *args)
+    fence = "" if attempt is None else str(attempt)
+    args = [spec.image_digest or "", len(spec.messages) - 1, new, time.time(), ttl_s, fence]
+    pipe.eval(APPEND_TURN_LUA, 2, keys.conversation(spec.conversation_id), keys.job(spec.job_id), *args)
 
 
 def load_messages(raw: bytes | str | None) -> list[ChatTurn]:

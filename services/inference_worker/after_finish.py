@@ -1,4 +1,5 @@
-"""After a job's terminal state is written: session, result cache, metrics, then XACK.
+"""After a job's terminal state is written: result cache, metrics, then XACK (the conversation's
+turn and the owner records go in the FINISH's own MULTI: ``with_finish``).
 
 Runs on the writer thread, in one round trip per flush. Side effects happen only for the
 attempt whose FINISH wrote the terminal state (reply 1, or 2 for a re-sent FINISH whose first
@@ -77,13 +78,18 @@ class FinishEffects:
         self.consumer.ack(pipe, run.entry)
         _execute(pipe)
 
+    def with_finish(self, pipe: Any, run: JobRun, answer: str) -> None:
+        """Queued in the MULTI of a ``done`` FINISH, after it: the conversation's new turn (only if
+        this attempt's FINISH wrote the job) and the owner records. A client that sees the job
+        done then finds both, so its next turn is built on this one and routed to this worker."""
+        conversations.record_turn(pipe, self.keys, run.spec, answer, self.config.session_ttl_s, run.attempt)
+        self.config.record_owner(pipe, run.spec)
+
     def _side_effects(self, pipe: Any, run: JobRun, event: JobEvent, status: JobStatus) -> None:
         key = self.keys.metrics_counters()
         metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
         if status is not JobStatus.DONE:
             return
-        conversations.record_turn(pipe, self.keys, run.spec, run.text, self.config.session_ttl_s)
-        self.config.record_owner(pipe, run.spec)
         cache_key = result_cache.cache_key(self.keys, self.config.model_id, run.spec)
         if cache_key and event.usage is not None:
             record = result_cache.CachedResult(

@@ -171,6 +171,8 @@ class EventWriter(threading.Thread):
                 terminal, status = self._terminal(part, event)
                 part.finish = (terminal, status, len(pipe.command_stack))
                 self.store.finish(run.job_id, terminal, status, run.attempt, client=pipe)
+                if status is JobStatus.DONE:
+                    self.effects.with_finish(pipe, run, terminal.final_text or "")
         for part in parts.values():
             self._queue_append(pipe, part)
         return list(parts.values())

@@ -167,3 +167,23 @@ def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:
     harness.writer.write([(run, events[3])])
     count = harness.r.hget(harness.keys.metrics_counters(), "inter_token_seconds_count")
     assert int(count) == 2  # gaps between 3 token writes, whoever listens to the stream
+
+
+def test_the_turn_is_recorded_with_the_finish_itself(harness: Harness) -> None:
+    """A client that sees ``done`` and asks its next question at once must find this turn stored
+    (its next turn is built on the stored conversation): the turn goes in FINISH's own MULTI,
+    not in the after-finish round trip (here never run)."""
+    run = harness.start_job()
+    harness.writer.flush([(run, e) for e in events_of(run, ["Bl", "ue"])])  # no after_finish
+    assert J.job(harness.r, harness.keys, run.job_id).status is JobStatus.DONE
+    key = harness.keys.conversation(str(run.spec.conversation_id))
+    turns = load_messages(harness.r.hget(key, "messages"))
+    assert [(t.role, t.text) for t in turns] == [("user", "Colour?"), ("assistant", "Blue")]
+
+
+def test_a_fenced_attempt_records_no_turn(harness: Harness) -> None:
+    run = harness.start_job(attempt=1)
+    harness.r.hset(harness.keys.job(run.job_id), "attempt", 2)  # a newer attempt owns the job
+    harness.writer.flush([(run, e) for e in events_of(run, ["Re", "d"])])
+    key = harness.keys.conversation(str(run.spec.conversation_id))
+    assert load_messages(harness.r.hget(key, "messages")) == []
