@@ -5,26 +5,55 @@ Same as ``python -m uvicorn gateway.app:create_app --factory --host H --port P``
 ``UVICORN_WS_PER_MESSAGE_DEFLATE=false``): WebSocket clients send images as base64 data URLs,
 which deflate barely shrinks, for milliseconds of CPU per message on both ends (an 84 KB
 message took 5.3 ms from send to server receipt with deflate, 0.1 ms without). Host, port and
-log level come from the gateway settings (``VLMQ_HOST``, ``VLMQ_PORT``, ``VLMQ_LOG_LEVEL``).
+log level come from the gateway settings (``VLMQ_HOST``, ``VLMQ_PORT``, ``VLMQ_LOG_LEVEL``); with
+``VLMQ_METRICS_PORT`` a second listener serves ``/metrics`` without a key.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import uvicorn
 
+from gateway.app import create_app, create_metrics_app
 from shared.config import get_gateway_settings
 
 
 def main() -> None:
     settings = get_gateway_settings()
-    uvicorn.run(
-        "gateway.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        ws_per_message_deflate=False,
+    app = create_app(settings)
+    api = uvicorn.Server(_config(app, settings.host, settings.port, settings.log_level))
+    if settings.metrics_port is None:
+        api.run()
+        return
+    metrics = _QuietServer(_config(create_metrics_app(app), settings.host, settings.metrics_port, "warning"))
+    asyncio.run(_serve(api, metrics))
+
+
+def _config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level.lower(), ws_per_message_deflate=False
     )
+
+
+class _QuietServer(uvicorn.Server):
+    """The metrics listener leaves signals to the API server, and stops when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve(api: uvicorn.Server, metrics: uvicorn.Server) -> None:
+    listener = asyncio.create_task(metrics.serve())
+    try:
+        await api.serve()
+    finally:
+        metrics.should_exit = True
+        await listener
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ expire with their TTL.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -22,6 +22,7 @@ from gateway.errors import APIError
 from gateway.intake import Submission
 from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
+from gateway.quotas import charge
 from gateway.state import GatewayState
 from shared import conversations, result_cache
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
@@ -35,11 +36,18 @@ class Accepted:
     spec: JobSpec
     status: JobStatus
     cached: result_cache.CachedResult | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # the tenant's rate-limit headers
 
 
 async def submit(state: GatewayState, sub: Submission) -> Accepted:
-    """Build the job from a submission and accept it (or refuse it, leaving nothing behind)."""
-    return await accept_job(state, await build_job(state, sub), sub.use_result_cache)
+    """Build the job from a submission, charge its tenant's quotas, accept it (or refuse it,
+    leaving nothing behind but the quota counts)."""
+    job = await build_job(state, sub)
+    spec = job.spec
+    headers = await charge(state.redis, state.keys, sub.tenant, spec.job_id, spec.sampling.max_tokens)
+    accepted = await accept_job(state, job, sub.use_result_cache)
+    accepted.headers = headers
+    return accepted
 
 
 async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bool = True) -> Accepted:
@@ -74,7 +82,7 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
     spec = job.spec
     try:
         async with state.redis.pipeline(transaction=True) as pipe:
-            state.decode.push(pipe, spec.job_id)
+            state.decode.push(pipe, spec.job_id, spec.priority)
             _write_conversation(pipe, state, job)
             await pipe.execute()
     except Exception as exc:  # broker down: the job must not stay queued forever
@@ -89,14 +97,21 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
 
 
 def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:
-    """Response headers saying whether the answer came from the result cache (every route)."""
+    """Response headers: the result cache's say, and the tenant's rate limits (every route)."""
     if accepted.cached is not None:
-        return {"Cache-Control": f"public, max-age={max_age}", "X-VLMQ-Result-Cache": "hit"}
-    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": "bypass" if bypassed else "miss"}
+        scope = "private" if accepted.spec.tenant else "public"  # a tenant's answer is its own
+        return {
+            "Cache-Control": f"{scope}, max-age={max_age}",
+            "X-VLMQ-Result-Cache": "hit",
+            **accepted.headers,
+        }
+    result = "bypass" if bypassed else "miss"
+    return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": result, **accepted.headers}
 
 
 async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.CachedResult | None:
-    key = result_cache.cache_key(state.keys, state.settings.result_model_id, spec)
+    settings = state.settings
+    key = result_cache.cache_key(state.keys, settings.result_model_id, spec, settings.result_cache_shared)
     if key is None:
         return None
     hit = result_cache.decode(await state.redis.get(key))
@@ -118,7 +133,7 @@ def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job
     conversation_id = job.spec.conversation_id
     if conversation_id is None:
         return
-    key = state.keys.conversation(conversation_id)
+    key = state.keys.conversation(conversation_id, job.spec.tenant)
     if job.conversation_fields is not None:
         pipe.delete(key)
         fields: dict[Any, Any] = job.conversation_fields

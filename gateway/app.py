@@ -7,9 +7,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from gateway.body_limit import BodyLimitMiddleware, body_limit
 from gateway.errors import install_error_handlers
+from gateway.guards import Guard
 from gateway.routes import (
     chat_ws,
     conversations,
@@ -21,6 +27,7 @@ from gateway.routes import (
     status,
     web,
 )
+from gateway.routes.health import render_metrics
 from gateway.state import GatewayState
 from shared.config import GatewaySettings, get_gateway_settings
 
@@ -35,14 +42,41 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = GatewayState.create(settings)
         app.state.gateway = state
+        if not state.keyring.enabled:
+            logging.getLogger("gateway").warning("no API key configured: the gateway is open to anyone")
+        state.keyring.reload_on_sighup()
         try:
             yield
         finally:
             await state.close()
 
-    app = FastAPI(title="vlmq gateway", version="0.1.0", lifespan=lifespan)
+    docs = settings.serve_docs
+    app = FastAPI(
+        title="vlmq gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes))
+    if settings.cors_origins:
+        origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+        app.add_middleware(
+            CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"], max_age=600
+        )
+    app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
     for module in (jobs, job_streams, conversations, chat_ws, openai, dead_letters, status, health, web):
         app.include_router(module.router)
     return app
+
+
+def create_metrics_app(main: FastAPI) -> Starlette:
+    """The ``VLMQ_METRICS_PORT`` listener: ``/metrics`` of ``main``'s state, with no key (for
+    Prometheus inside the cluster; compose and k8s never publish this port)."""
+
+    async def metrics(_request: Request) -> Response:
+        return await render_metrics(main.state.gateway)
+
+    return Starlette(routes=[Route("/metrics", metrics)])

@@ -44,8 +44,10 @@ class Conversation:
         }
 
 
-async def load_conversation(redis: aioredis.Redis, keys: Keys, conversation_id: str) -> Conversation | None:
-    raw = await redis.hgetall(keys.conversation(conversation_id))
+async def load_conversation(
+    redis: aioredis.Redis, keys: Keys, conversation_id: str, tenant: str | None
+) -> Conversation | None:
+    raw = await redis.hgetall(keys.conversation(conversation_id, tenant))
     if not raw:
         return None
     fields = {as_str(k): as_str(v) for k, v in raw.items()}
@@ -75,5 +77,7 @@ def new_conversation_fields(image_digest: str, image_format: str, system: str | 
     }
 
 
-async def delete_conversation(redis: aioredis.Redis, keys: Keys, conversation_id: str) -> bool:
-    return bool(await redis.delete(keys.conversation(conversation_id)))
+async def delete_conversation(
+    redis: aioredis.Redis, keys: Keys, conversation_id: str, tenant: str | None
+) -> bool:
+    return bool(await redis.delete(keys.conversation(conversation_id, tenant)))

@@ -9,7 +9,7 @@ needs from Redis (the stored conversation) is ``gateway.job_spec``'s part.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from starlette.datastructures import UploadFile
@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from gateway.errors import APIError
 from gateway.image_checks import CheckedImage, read_image, read_upload
+from gateway.keyring import Priority, Tenant
 from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
 from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
 from shared.config import GatewaySettings
@@ -54,6 +55,11 @@ class Submission:
     use_cache: bool = True
     cancel_on_disconnect: bool = False
     use_result_cache: bool = True
+    priority: Priority | None = None  # asked for (None: the tenant's default)
+    tenant: Tenant | None = None  # who asks (None: an open gateway); set by the route
+
+    def by(self, tenant: Tenant | None) -> Submission:
+        return replace(self, tenant=tenant)
 
 
 # --- POST /v1/jobs ---
@@ -149,6 +155,7 @@ async def _job_submission(
         use_cache=params.use_cache,
         cancel_on_disconnect=params.cancel_on_disconnect,
         use_result_cache=use_result_cache,
+        priority=params.priority,
     )
 
 
@@ -186,6 +193,7 @@ async def from_openai(
         image=image,
         cancel_on_disconnect=True,
         use_result_cache=not no_cache,
+        priority=req.priority,
     )
 
 

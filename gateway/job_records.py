@@ -23,11 +23,23 @@ def job_not_found(job_id: str) -> APIError:
     return APIError(404, f"job {job_id!r} not found (unknown or expired)", param="id", code="job_not_found")
 
 
-async def load_record(state: GatewayState, job_id: str) -> JobRecord:
+class _AnyTenant:
+    """Reads of a job this gateway just made for the caller, and operator routes."""
+
+
+ANY_TENANT = _AnyTenant()
+Owner = str | None | _AnyTenant  # the tenant asking (None: an open gateway)
+
+
+async def load_record(state: GatewayState, job_id: str, tenant: Owner) -> JobRecord:
+    """The job, if ``tenant`` made it: another tenant's job is as unknown as a missing one (404)."""
     raw = await state.redis.hgetall(state.keys.job(job_id))
     if not raw:
         raise job_not_found(job_id)
-    return JobRecord.from_hash(raw)
+    record = JobRecord.from_hash(raw)
+    if tenant is not ANY_TENANT and record.spec.tenant != tenant:
+        raise job_not_found(job_id)
+    return record
 
 
 async def finish_job(
@@ -56,16 +68,16 @@ async def expire_if_due(state: GatewayState, record: JobRecord) -> bool:
     return await finish_job(state, record.spec.job_id, JobStatus.EXPIRED, ErrorCode.EXPIRED, error)
 
 
-async def current_record(state: GatewayState, job_id: str) -> JobRecord:
+async def current_record(state: GatewayState, job_id: str, tenant: Owner) -> JobRecord:
     """The record, after lazy expiry."""
-    record = await load_record(state, job_id)
+    record = await load_record(state, job_id, tenant)
     if await expire_if_due(state, record):
-        record = await load_record(state, job_id)
+        record = await load_record(state, job_id, tenant)
     return record
 
 
-async def job_view(state: GatewayState, job_id: str) -> dict[str, Any]:
-    record = await current_record(state, job_id)
+async def job_view(state: GatewayState, job_id: str, tenant: Owner) -> dict[str, Any]:
+    record = await current_record(state, job_id, tenant)
     events = await read_all(state.redis, state.keys, job_id)
     done = record.status == JobStatus.DONE
     text = record.text if done and record.text is not None else text_of(events)
@@ -97,7 +109,7 @@ def _usage(record: JobRecord) -> dict[str, int] | None:
     return {**record.usage.model_dump(), "total_tokens": record.usage.total_tokens}
 
 
-async def cancel_job(state: GatewayState, job_id: str) -> tuple[JobStatus, bool]:
+async def cancel_job(state: GatewayState, job_id: str, tenant: Owner) -> tuple[JobStatus, bool]:
     """Contract §Cancel. Returns (status now, whether it was finished here).
 
     The flag is set first, so a worker that picks the job up a moment later still sees it;
@@ -105,7 +117,7 @@ async def cancel_job(state: GatewayState, job_id: str) -> tuple[JobStatus, bool]
     worker got to a terminal state first). A generating job leaves its batch at the next
     decode step and the worker writes ``cancelled``.
     """
-    record = await load_record(state, job_id)
+    record = await load_record(state, job_id, tenant)
     if record.status == JobStatus.CANCELLED:
         return record.status, False  # idempotent
     if record.status.terminal:

@@ -17,6 +17,7 @@ from gateway.conversations import Conversation, load_conversation, new_conversat
 from gateway.errors import APIError
 from gateway.image_checks import CheckedImage
 from gateway.intake import NextTurn, Submission, WholeConversation
+from gateway.keyring import Priority
 from gateway.request_params import GenerationOptions
 from gateway.state import GatewayState
 from shared.schemas import ChatTurn, JobSpec, SamplingSpec
@@ -63,20 +64,38 @@ async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
         use_cache=sub.use_cache,
         cancel_on_disconnect=sub.cancel_on_disconnect,
         source=sub.source,
+        tenant=sub.tenant.name if sub.tenant else None,
+        priority=priority(sub),
     )
     if isinstance(sub.ask, WholeConversation):
         return _whole_conversation(spec, sub.ask, sub.image)
     conversation = None
     if sub.ask.conversation_id:
-        conversation = await load_conversation(state.redis, state.keys, sub.ask.conversation_id)
-    spec.conversation_id = spec.affinity_key = sub.ask.conversation_id or new_id()
+        conversation = await load_conversation(state.redis, state.keys, sub.ask.conversation_id, spec.tenant)
+    spec.conversation_id = sub.ask.conversation_id or new_id()
+    spec.affinity_key = affinity_key(spec.tenant, spec.conversation_id)
     if sub.image is None:
         return await _about_conversation_image(state, spec, sub.ask, conversation)
     return _with_new_image(spec, sub.ask, conversation, sub.image)
 
 
+def priority(sub: Submission) -> Priority:
+    """What the request asks for, within what its key allows (a batch key's work is batch)."""
+    allowed = sub.tenant.priority if sub.tenant else "interactive"
+    if sub.priority == "interactive" and allowed == "batch":
+        raise APIError(403, "this API key's requests run at batch priority", param="priority")
+    return sub.priority or allowed
+
+
+def affinity_key(tenant: str | None, key: str | None) -> str | None:
+    """The engine's session-KV key: a tenant's ids are its own (never another tenant's KV)."""
+    if key is None or tenant is None:
+        return key
+    return f"{tenant}/{key}"
+
+
 def _whole_conversation(spec: JobSpec, ask: WholeConversation, image: CheckedImage | None) -> PreparedJob:
-    spec.messages, spec.affinity_key = ask.turns, ask.affinity_key
+    spec.messages, spec.affinity_key = ask.turns, affinity_key(spec.tenant, ask.affinity_key)
     if image is not None:
         spec.image_digest, spec.image_format = image.info.digest, image.info.format
     return PreparedJob(spec=spec, image=image)

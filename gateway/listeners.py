@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.errors import APIError
 from gateway.event_reader import follow
-from gateway.job_records import cancel_job, current_record
+from gateway.job_records import ANY_TENANT, cancel_job, current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
 from shared.schemas import JobEvent
@@ -44,7 +44,7 @@ async def job_events(
 
     async def expire_check() -> None:
         with contextlib.suppress(APIError):  # gone: follow() notices and ends
-            await current_record(state, job_id)
+            await current_record(state, job_id, ANY_TENANT)  # the route checked the tenant
 
     try:
         await expire_check()
@@ -64,7 +64,7 @@ async def job_events(
 async def _cancel_quietly(state: GatewayState, job_id: str) -> None:
     # Runs while the request is being torn down: shield it so the flag is always written.
     with contextlib.suppress(Exception):
-        await asyncio.shield(cancel_job(state, job_id))
+        await asyncio.shield(cancel_job(state, job_id, ANY_TENANT))
         log.info("job %s cancelled: its last listener left", job_id)
 
 

@@ -58,7 +58,8 @@ def queue_families(queues: QueueFigures) -> Iterator[Metric]:
         "vlmq_queue_depth", "Jobs per queue: decode tasks waiting, inference jobs in flight", labels=["queue"]
     )
     depth.add_metric(["inference"], queues.inference_in_flight)
-    depth.add_metric(["decode"], queues.decode)
+    for queue, waiting in queues.decode.items():
+        depth.add_metric([queue], waiting)
     yield depth
     backlog = GaugeMetricFamily(
         BACKLOG_METRIC,
@@ -223,6 +224,12 @@ class GatewayMetrics:
         )
         self.open_streams = Gauge(
             "vlmq_gateway_open_streams", "Open event streams", ["kind"], registry=self.registry
+        )
+        self.auth_failures = Counter(
+            "vlmq_gateway_auth_failures",
+            "Requests refused for a missing or wrong API key",
+            ["kind"],
+            registry=self.registry,
         )
         self.submit_seconds = Histogram(
             "vlmq_gateway_submit_seconds", "Time to accept a job (202)", registry=self.registry

@@ -60,6 +60,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=ID_PATTERN)
+    priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
 
 
 def usage_json(record_usage: Any) -> dict[str, Any]:

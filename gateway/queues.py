@@ -13,6 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.decode_task import QUEUES
 from shared.keys import INFERENCE_GROUP, Keys
 from shared.values import as_str
 
@@ -25,7 +26,7 @@ class StreamFigures:
 
 @dataclass
 class QueueFigures:
-    decode: int = 0  # tasks waiting in the Celery list
+    decode: dict[str, int] = field(default_factory=dict)  # tasks waiting per Celery queue
     inference: dict[str, StreamFigures] = field(default_factory=dict)  # "shared" or a worker id
 
     @property
@@ -39,17 +40,22 @@ class QueueFigures:
 
 async def read_queues(redis: aioredis.Redis, keys: Keys) -> QueueFigures:
     worker_ids = [as_str(w) for w in await redis.zrange(keys.workers(), 0, -1)]
-    streams = {"shared": keys.inference_stream(), **{w: keys.worker_stream(w) for w in worker_ids}}
+    streams = {
+        "shared": keys.inference_stream(),
+        "batch": keys.batch_stream(),
+        **{w: keys.worker_stream(w) for w in worker_ids},
+    }
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.llen(keys.decode_queue())
+        for queue in QUEUES:
+            pipe.llen(keys.decode_queue(queue))
         for stream in streams.values():
             pipe.xlen(stream)
             pipe.xinfo_groups(stream)
         replies = await pipe.execute(raise_on_error=False)  # a stream not created yet: no groups
-    figures = QueueFigures(decode=int(replies[0]))
+    figures = QueueFigures(decode={q: _int(n) for q, n in zip(QUEUES, replies, strict=False)})
+    lengths = replies[len(QUEUES) :]
     for i, name in enumerate(streams):
-        length, groups = replies[1 + 2 * i], replies[2 + 2 * i]
-        figures.inference[name] = StreamFigures(_int(length), _lag(groups))
+        figures.inference[name] = StreamFigures(_int(lengths[2 * i]), _lag(lengths[2 * i + 1]))
     return figures
 
 

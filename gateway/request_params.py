@@ -9,7 +9,7 @@ checks only (characters, turns); token counts belong to the inference worker.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -53,6 +53,9 @@ class JobParams(GenerationOptions):
     timeout_s: float | None = Field(None, gt=0, le=86_400)
     use_cache: bool = True
     cancel_on_disconnect: bool = False
+    priority: Literal["interactive", "batch"] | None = Field(
+        None, description="batch runs after interactive work (default: the API key's)"
+    )
 
 
 def validated(model: type[GenerationOptions], raw: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from gateway.admission import Throughput
+from gateway.keyring import Keyring
 from gateway.metrics import GatewayMetrics
 from gateway.stream_slots import StreamSlots
 from shared.config import GatewaySettings
@@ -32,6 +33,7 @@ class GatewayState:
     finish: AsyncScript
     set_status: AsyncScript
     stream_slots: StreamSlots
+    keyring: Keyring
     throughput: Throughput = field(default_factory=Throughput)
 
     @property
@@ -53,6 +55,7 @@ class GatewayState:
             finish=client.register_script(FINISH_LUA),
             set_status=client.register_script(SET_STATUS_LUA),
             stream_slots=StreamSlots(settings.stream_connections),
+            keyring=Keyring(settings.api_keys, settings.api_keys_file),
         )
 
     async def close(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from shared.decode_task import QUEUES
+
 PY = sys.executable
 
 
@@ -17,8 +19,8 @@ def inference_command() -> list[str]:
 
 
 def decode_command(concurrency: int | str, log_level: str, node: str, *extra: str) -> list[str]:
-    """Celery prefork decode workers on queue ``decode``, with task events on for Flower."""
+    """Celery prefork decode workers on the interactive then the batch queue, task events on."""
     return [
-        PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", "decode",
+        PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", ",".join(QUEUES),
         "-c", str(concurrency), "-E", "--loglevel", log_level, "-n", node, *extra,
     ]  # fmt: skip

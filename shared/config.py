@@ -8,7 +8,8 @@ starting a process and get a fully isolated configuration.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Self
+from typing import Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,10 +17,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.keys import Keys
 from shared.result_cache import model_identity
 
+KNOWN_DEFAULTS = frozenset({"vlmq-dev-only", "changeme", "change-me", "secret", "password"})
+
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VLMQ_", env_file=".env", extra="ignore")
 
+    env: Literal["development", "production"] = Field(
+        "development",
+        description="production refuses missing or known-default secrets (compose and k8s run production)",
+    )
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for jobs, images, streams, Celery")
     key_prefix: str = Field("vlmq", description="Prefix of every Redis key (tests use their own)")
     model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
@@ -49,6 +56,9 @@ class CommonSettings(BaseSettings):
         30.0,
         description="A job queued/decoding/waiting this long without progress is re-enqueued by the sweeper",
     )
+    result_cache_shared: bool = Field(
+        False, description="Let tenants share result-cache hits (off: a tenant only hits its own answers)"
+    )
     affinity_routing: bool = Field(
         True,
         description="Route a job to the live inference worker that holds its session KV or image features",
@@ -56,6 +66,13 @@ class CommonSettings(BaseSettings):
     max_decode_attempts: int = Field(
         3, description="Decode deliveries (worker deaths, sweeper re-enqueues) after which a job fails"
     )
+
+    @model_validator(mode="after")
+    def _production_secrets(self) -> Self:
+        password = urlsplit(self.redis_url.split(";")[0]).password
+        if self.env == "production" and password in KNOWN_DEFAULTS:
+            raise ValueError("the Redis password is a known default: set VLMQ_REDIS_PASSWORD / the URL's own")
+        return self
 
     @model_validator(mode="after")
     def _job_ends_before_its_record(self) -> Self:
@@ -95,6 +112,41 @@ class GatewaySettings(CommonSettings):
         "anything is stored or tokenized",
     )
     max_turns: int = Field(64, description="Most messages in one OpenAI conversation; more: 413")
+    api_keys: str | None = Field(
+        None, description="Comma-separated API keys, each its own tenant (none and no keys file: open)"
+    )
+    api_keys_file: str | None = Field(
+        None,
+        description="Keys file, one per line: KEY [tenant=NAME] [rpm=N] [tpm=N] [concurrency=N] "
+        "[priority=interactive|batch] [admin]; re-read when it changes or on SIGHUP",
+    )
+    metrics_port: int | None = Field(
+        None, description="A second listener serving only /metrics, without a key (for Prometheus)"
+    )
+    allowed_hosts: str = Field(
+        "localhost,127.0.0.1,[::1]",
+        description="Host header values the API answers (comma-separated; '*' any); probes exempt",
+    )
+    cors_origins: str = Field(
+        "", description="Origins (comma-separated) allowed cross-origin; default none: the page's own only"
+    )
+    docs: bool | None = Field(
+        None, description="Serve /docs and /openapi.json (default: in development only)"
+    )
+
+    @model_validator(mode="after")
+    def _production_needs_keys(self) -> Self:
+        if self.env == "production" and not (self.api_keys or self.api_keys_file):
+            raise ValueError("VLMQ_ENV=production needs VLMQ_API_KEYS or VLMQ_API_KEYS_FILE")
+        if self.env == "production" and any(
+            k.strip() in KNOWN_DEFAULTS for k in (self.api_keys or "").split(",")
+        ):
+            raise ValueError("VLMQ_API_KEYS holds a known default key: set your own")
+        return self
+
+    @property
+    def serve_docs(self) -> bool:
+        return self.docs if self.docs is not None else self.env == "development"
 
 
 class DecodeWorkerSettings(CommonSettings):
@@ -132,6 +184,9 @@ class InferenceSettings(CommonSettings):
         ge=1,
         description="Engine steps in a row in which every sequence failed before the engine is unhealthy "
         "and the worker exits (code 75) to be restarted; a device error (CUDA error) exits at once",
+    )
+    priority_aging_s: float = Field(
+        10.0, description="A batch job waiting this long in the engine is admitted like interactive work"
     )
     affinity_max_wait_ms: int = Field(
         1000,

@@ -51,7 +51,8 @@ def record_turn(
     new = turns_json([spec.messages[-1], ChatTurn(role="assistant", text=answer)])
     fence = "" if attempt is None else str(attempt)
     args = [spec.image_digest or "", len(spec.messages) - 1, new, time.time(), ttl_s, fence]
-    pipe.eval(APPEND_TURN_LUA, 2, keys.conversation(spec.conversation_id), keys.job(spec.job_id), *args)
+    conversation = keys.conversation(spec.conversation_id, spec.tenant)
+    pipe.eval(APPEND_TURN_LUA, 2, conversation, keys.job(spec.job_id), *args)
 
 
 def load_messages(raw: bytes | str | None) -> list[ChatTurn]:

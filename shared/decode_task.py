@@ -27,7 +27,13 @@ from kombu.serialization import dumps
 from shared.config import CommonSettings
 
 DECODE_TASK = "vlmq.decode"
-DECODE_QUEUE = "decode"
+DECODE_QUEUE = "decode"  # interactive work
+BATCH_QUEUE = "decode.batch"  # batch work: a decode worker takes it when ``decode`` is empty
+QUEUES = (DECODE_QUEUE, BATCH_QUEUE)  # in the order workers consume them
+
+
+def queue_for(priority: str) -> str:
+    return BATCH_QUEUE if priority == "batch" else DECODE_QUEUE
 
 
 def make_celery_app(
@@ -37,7 +43,11 @@ def make_celery_app(
 
     ``visibility_timeout_s`` matters to consumers only (the decode workers pass theirs)."""
     # the queue list is then keys.decode_queue()
-    transport: dict[str, Any] = {"global_keyprefix": settings.keys.celery_prefix()}
+    # "priority": every fetch asks the queues in QUEUES' order, so batch waits for interactive
+    transport: dict[str, Any] = {
+        "global_keyprefix": settings.keys.celery_prefix(),
+        "queue_order_strategy": "priority",
+    }
     if visibility_timeout_s is not None:
         transport["visibility_timeout"] = visibility_timeout_s
     app = Celery("vlmq", broker=settings.redis_url, include=list(include))
@@ -84,9 +94,9 @@ class DecodeTasks:
 
     def __init__(self, settings: CommonSettings) -> None:
         self.app: Celery = make_celery_app(settings)
-        self.key = settings.keys.decode_queue()  # global_keyprefix + queue name
+        self.keys = settings.keys
 
-    def message(self, job_id: str, task_id: str | None = None) -> str:
+    def message(self, job_id: str, queue: str = DECODE_QUEUE, task_id: str | None = None) -> str:
         """The kombu Redis envelope of one ``vlmq.decode(job_id)`` task (a JSON string)."""
         task_id = task_id or str(uuid.uuid4())
         headers, properties, body, _sent = self.app.amqp.as_task_v2(
@@ -102,7 +112,7 @@ class DecodeTasks:
             "properties": {
                 **properties,
                 "delivery_mode": 2,  # persistent
-                "delivery_info": {"exchange": "", "routing_key": DECODE_QUEUE},
+                "delivery_info": {"exchange": "", "routing_key": queue},
                 "priority": 0,
                 "body_encoding": "base64",
                 "delivery_tag": str(uuid.uuid4()),
@@ -110,9 +120,10 @@ class DecodeTasks:
         }
         return json.dumps(envelope)
 
-    def push(self, pipe: Any, job_id: str) -> None:
+    def push(self, pipe: Any, job_id: str, priority: str = "interactive") -> None:
         """Queue the task's LPUSH on ``pipe`` (a Redis pipeline, sync or asyncio)."""
-        pipe.lpush(self.key, self.message(job_id))
+        queue = queue_for(priority)
+        pipe.lpush(self.keys.decode_queue(queue), self.message(job_id, queue))
 
     def close(self) -> None:
         self.app.close()

@@ -44,6 +44,10 @@ class Keys:
         """Stream read by inference workers through the consumer group ``INFERENCE_GROUP``."""
         return f"{self.prefix}:inference"
 
+    def batch_stream(self) -> str:
+        """Stream of batch-priority jobs: read with what interactive work leaves (same group)."""
+        return f"{self.prefix}:inference:batch"
+
     def worker_stream(self, worker_id: str) -> str:
         """Stream of the jobs routed to one inference worker for its caches (same group name)."""
         return f"{self.prefix}:inference:w:{worker_id}"
@@ -73,15 +77,27 @@ class Keys:
         """Prefix of Celery's own keys (broker ``global_keyprefix``)."""
         return f"{self.prefix}:celery:"
 
-    def decode_queue(self) -> str:
-        """List holding waiting ``vlmq.decode`` tasks (Celery queue ``decode``): LLEN = decode depth."""
-        return f"{self.celery_prefix()}decode"
+    def decode_queue(self, queue: str = "decode") -> str:
+        """List holding waiting ``vlmq.decode`` tasks of a Celery queue (``decode``, or
+        ``decode.batch`` for batch priority): LLEN = its depth."""
+        return f"{self.celery_prefix()}{queue}"
 
     # --- conversations and results ---
-    def conversation(self, conversation_id: str) -> str:
+    def conversation(self, conversation_id: str, tenant: str | None = None) -> str:
         """Hash: a stored conversation (messages JSON, image digest); the API calls its id session_id.
-        The key keeps the previous release's name, so both serve it during a rolling upgrade."""
-        return f"{self.prefix}:session:{conversation_id}"
+        A tenant's ids are its own (two tenants' ``s-1`` are two conversations). Without tenants
+        the key keeps the previous release's name, so both serve it during a rolling upgrade."""
+        if tenant is None:
+            return f"{self.prefix}:session:{conversation_id}"
+        return f"{self.prefix}:session:{tenant}/{conversation_id}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's jobs in flight (its concurrency quota)."""
+        return f"{self.prefix}:tenant:{tenant}:jobs"
+
+    def tenant_window(self, tenant: str, what: str, minute: int) -> str:
+        """Counter: the tenant's requests or tokens in one minute (its rate quotas)."""
+        return f"{self.prefix}:tenant:{tenant}:{what}:{minute}"
 
     def result_cache(self, request_hash: str) -> str:
         return f"{self.prefix}:result:{request_hash}"

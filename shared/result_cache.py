@@ -53,13 +53,18 @@ def model_identity(model_path: str, quantize: str) -> str:
 
 
 def request_hash(
-    model_id: str, image_digest: str | None, messages: list[ChatTurn], sampling: SamplingSpec
+    model_id: str,
+    image_digest: str | None,
+    messages: list[ChatTurn],
+    sampling: SamplingSpec,
+    tenant: str | None = None,
 ) -> str:
     """sha256 over everything that determines a greedy answer (canonical JSON).
 
     Greedy decoding ignores seed, top_p and top_k: they are left out of the key.
     """
     payload = {
+        "tenant": tenant,
         "model": model_id,
         "image": image_digest,
         "messages": [m.model_dump(mode="json") for m in messages],
@@ -72,11 +77,13 @@ def cacheable(spec: JobSpec) -> bool:
     return spec.use_cache and spec.sampling.greedy
 
 
-def cache_key(keys: Keys, model_id: str, spec: JobSpec) -> str | None:
-    """Redis key of ``spec``'s cached result (``model_id`` from ``model_identity``), or None."""
+def cache_key(keys: Keys, model_id: str, spec: JobSpec, shared: bool = False) -> str | None:
+    """Redis key of ``spec``'s cached result (``model_id`` from ``model_identity``), or None.
+    ``shared``: tenants hit each other's answers (else each tenant's cache is its own)."""
     if not cacheable(spec):
         return None
-    return keys.result_cache(request_hash(model_id, spec.image_digest, spec.messages, spec.sampling))
+    tenant = None if shared else spec.tenant
+    return keys.result_cache(request_hash(model_id, spec.image_digest, spec.messages, spec.sampling, tenant))
 
 
 def encode(result: CachedResult) -> str:

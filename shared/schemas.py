@@ -78,6 +78,8 @@ class JobSpec(BaseModel):
     use_cache: bool = True  # False bypasses engine caches (exactness tests, benchmarks)
     cancel_on_disconnect: bool = False
     source: Literal["jobs", "ws", "openai"] = "jobs"  # the route it came by (a metrics label)
+    tenant: str | None = None  # who submitted it (None: an open gateway); nobody else sees it
+    priority: Literal["interactive", "batch"] = "interactive"  # interactive goes first, batch ages in
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -105,7 +105,7 @@ class DecodePipeline:
             except ImageRejected as exc:
                 return self.fail(job_id, str(exc), exc.code)
         decode_s = time.time() - started
-        return self._hand_over(job_id, decode_s, tensor_key, packed, self._stream_for(owner))
+        return self._hand_over(job_id, decode_s, tensor_key, packed, self._stream_for(job.spec, owner))
 
     # --- steps ---
     def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
@@ -117,8 +117,11 @@ class DecodePipeline:
         ]
         pipe_script(pipe, ROUTE_LUA, keys, [now - self.settings.worker_stale_s])
 
-    def _stream_for(self, owner: bytes | None) -> str:
-        """The owner's own stream when routing is on and there is one, else the shared stream."""
+    def _stream_for(self, spec: JobSpec, owner: bytes | None) -> str:
+        """Batch work: the batch stream. Else the owner's own stream when routing is on and there
+        is one, else the shared stream."""
+        if spec.priority == "batch":
+            return self.keys.batch_stream()
         if owner and self.settings.affinity_routing:
             return self.keys.worker_stream(owner.decode())
         return self.keys.inference_stream()

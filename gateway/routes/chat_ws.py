@@ -22,10 +22,12 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from gateway.accept import submit
+from gateway.auth import accept_websocket
 from gateway.deps import StateDep
 from gateway.errors import APIError
 from gateway.intake import from_ws_message, parse_json_object
-from gateway.job_records import cancel_job
+from gateway.job_records import ANY_TENANT, cancel_job
+from gateway.keyring import Tenant
 from gateway.listeners import job_events, ws_send_events
 from gateway.state import GatewayState
 
@@ -46,7 +48,8 @@ def _error(exc: APIError) -> dict[str, Any]:
 class _Connection:
     """Reads client messages for the whole connection: cancels act at once, jobs queue up."""
 
-    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+    def __init__(self, websocket: WebSocket, state: GatewayState, tenant: Tenant | None) -> None:
+        self.tenant = tenant
         self.ws, self.state = websocket, state
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING)
         self.current: str | None = None
@@ -78,7 +81,7 @@ class _Connection:
     async def cancel_current(self) -> None:
         if self.current is not None:
             with contextlib.suppress(APIError):  # already finished: nothing to cancel
-                await cancel_job(self.state, self.current)
+                await cancel_job(self.state, self.current, ANY_TENANT)  # its own job
 
     async def next_job(self, reader: asyncio.Task[None]) -> dict[str, Any] | None:
         """The next submission, or None once the client has left."""
@@ -102,8 +105,10 @@ def _parse(frame: Mapping[str, Any]) -> dict[str, Any]:
 
 @router.websocket("/v1/chat/ws")
 async def chat_ws(websocket: WebSocket, state: StateDep) -> None:
-    await websocket.accept()
-    conn = _Connection(websocket, state)
+    accepted, tenant = await accept_websocket(websocket)
+    if not accepted:
+        return
+    conn = _Connection(websocket, state, tenant)
     reader = asyncio.create_task(conn.read())
     try:
         while (message := await conn.next_job(reader)) is not None:
@@ -131,7 +136,7 @@ async def _submit_and_stream(
 ) -> bool:
     """One job of the connection: accepted (or refused) and streamed. False once the client left."""
     try:
-        accepted = await submit(state, await from_ws_message(message, state.settings))
+        accepted = await submit(state, (await from_ws_message(message, state.settings)).by(conn.tenant))
     except APIError as exc:
         await websocket.send_json(_error(exc))
         return True

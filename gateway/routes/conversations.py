@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
+from gateway.auth import TenantDep, tenant_name
 from gateway.conversations import delete_conversation, load_conversation
 from gateway.deps import StateDep
 from gateway.errors import APIError
@@ -31,15 +32,16 @@ def _checked(session_id: str) -> str:
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: str, state: StateDep) -> dict[str, Any]:
-    conversation = await load_conversation(state.redis, state.keys, _checked(session_id))
+async def get_session(session_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    owner = tenant_name(tenant)  # a tenant sees its own conversations only
+    conversation = await load_conversation(state.redis, state.keys, _checked(session_id), owner)
     if conversation is None:
         raise _not_found(session_id)
     return {"object": "session", **conversation.to_json()}
 
 
 @router.delete("/{session_id}", status_code=204)
-async def remove_session(session_id: str, state: StateDep) -> Response:
-    if not await delete_conversation(state.redis, state.keys, _checked(session_id)):
+async def remove_session(session_id: str, state: StateDep, tenant: TenantDep) -> Response:
+    if not await delete_conversation(state.redis, state.keys, _checked(session_id), tenant_name(tenant)):
         raise _not_found(session_id)
     return Response(status_code=204)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
+from gateway.auth import AdminDep
 from gateway.dead_letters import list_dead_letters, retry_dead_letter
 from gateway.deps import StateDep
 from gateway.routes.jobs import accepted_body
@@ -15,12 +16,14 @@ router = APIRouter(prefix="/v1/dead-letters", tags=["operations"])
 
 
 @router.get("")
-async def dead_letters(state: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+async def dead_letters(
+    state: StateDep, _admin: AdminDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> dict[str, Any]:
     return {"object": "list", "data": await list_dead_letters(state, limit)}
 
 
 @router.post("/{job_id}/retry", status_code=202)
-async def retry(job_id: str, request: Request, state: StateDep) -> JSONResponse:
+async def retry(job_id: str, request: Request, state: StateDep, _admin: AdminDep) -> JSONResponse:
     """202 with the new job (its own id); 404 unknown, 409 not failed, 410 image expired, 429 full."""
     accepted = await retry_dead_letter(state, job_id)
     return JSONResponse({**accepted_body(request, accepted), "retry_of": job_id}, status_code=202)

@@ -11,8 +11,10 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.auth import TenantDep
 from gateway.deps import StateDep
 from gateway.metrics import read_heartbeats
+from gateway.state import GatewayState
 
 router = APIRouter(tags=["health"])
 
@@ -63,6 +65,11 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: StateDep) -> Response:
+async def metrics(state: StateDep, _tenant: TenantDep) -> Response:
+    """On the API port a key is needed; ``VLMQ_METRICS_PORT`` serves the same without one."""
+    return await render_metrics(state)
+
+
+async def render_metrics(state: GatewayState) -> Response:
     body = await state.metrics.render(state.redis, state.keys)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

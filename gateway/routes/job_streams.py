@@ -15,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Header, Query, WebSocket
 from sse_starlette import EventSourceResponse
 
+from gateway.auth import TenantDep, accept_websocket, tenant_name
 from gateway.deps import StateDep
 from gateway.errors import APIError, error_body
 from gateway.event_reader import check_event_id
@@ -42,11 +43,12 @@ async def _sse(state: GatewayState, job_id: str, last_id: str, cancel: bool) -> 
 async def job_events_sse(
     job_id: str,
     state: StateDep,
+    tenant: TenantDep,
     last_event_id: Annotated[str | None, Query()] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     last_id = check_event_id(last_event_id_header or last_event_id)
-    record = await current_record(state, check_job_id(job_id))
+    record = await current_record(state, check_job_id(job_id), tenant_name(tenant))
     slot = state.stream_slots.take()
     stream = _sse(state, job_id, last_id, record.spec.cancel_on_disconnect)
     return SlotEventSourceResponse(
@@ -63,10 +65,12 @@ async def job_events_sse(
 async def job_events_ws(
     websocket: WebSocket, job_id: str, state: StateDep, last_event_id: Annotated[str | None, Query()] = None
 ) -> None:
-    await websocket.accept()
+    accepted, tenant = await accept_websocket(websocket)
+    if not accepted:
+        return
     try:
         last_id = check_event_id(last_event_id)
-        record = await current_record(state, check_job_id(job_id))
+        record = await current_record(state, check_job_id(job_id), tenant_name(tenant))
         slot = state.stream_slots.take()
     except APIError as exc:
         body = error_body(exc.status_code, exc.message, exc.param, exc.code)

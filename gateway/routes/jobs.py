@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.accept import Accepted, cache_headers, submit
+from gateway.auth import TenantDep, tenant_name
 from gateway.deps import NoCacheDep, StateDep
 from gateway.intake import from_http
 from gateway.job_records import cancel_job, job_view
@@ -46,11 +47,14 @@ def accepted_body(request: Request, accepted: Accepted) -> dict[str, Any]:
 
 
 @router.post("", status_code=202)
-async def submit_job(request: Request, state: StateDep, no_cache: NoCacheDep) -> JSONResponse:
+async def submit_job(
+    request: Request, state: StateDep, tenant: TenantDep, no_cache: NoCacheDep
+) -> JSONResponse:
     """Multipart (file in ``image``) or JSON (``image`` as base64 / data URL) -> 202 + URLs."""
-    submission = await from_http(request, state.settings, no_cache)
+    submission = (await from_http(request, state.settings, no_cache)).by(tenant)
     with state.metrics.submit_seconds.time():
         accepted = await submit(state, submission)
+    request.state.job_id = accepted.spec.job_id  # for the audit log
     body = accepted_body(request, accepted)
     headers = {
         **cache_headers(accepted, no_cache, state.settings.result_cache_ttl_s),
@@ -60,15 +64,15 @@ async def submit_job(request: Request, state: StateDep, no_cache: NoCacheDep) ->
 
 
 @router.get("/{job_id}")
-async def get_job(job_id: str, state: StateDep) -> dict[str, Any]:
-    return await job_view(state, check_job_id(job_id))
+async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return await job_view(state, check_job_id(job_id), tenant_name(tenant))
 
 
 @router.delete("/{job_id}")
-async def delete_job(job_id: str, state: StateDep) -> JSONResponse:
+async def delete_job(job_id: str, state: StateDep, tenant: TenantDep) -> JSONResponse:
     """Cancel: 200 when the job is now cancelled, 202 when the running job was asked to stop
     (it ends as cancelled at its next decode step), 409 when it had already finished."""
-    status, _ = await cancel_job(state, check_job_id(job_id))
+    status, _ = await cancel_job(state, check_job_id(job_id), tenant_name(tenant))
     code = 202 if not status.terminal else 200
     return JSONResponse(
         {"id": job_id, "object": "job", "status": status.value, "cancel_requested": True}, status_code=code

@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway.accept import Accepted, cache_headers, submit
+from gateway.auth import TenantDep
 from gateway.deps import NoCacheDep, StateDep
 from gateway.errors import APIError, error_body
 from gateway.event_reader import is_terminal
 from gateway.intake import from_openai
-from gateway.job_records import cancel_job, load_record
+from gateway.job_records import ANY_TENANT, cancel_job, load_record
 from gateway.listeners import job_events
 from gateway.openai_schema import ChatCompletionRequest, chunk_json, completion_json, usage_json
 from gateway.request_params import ID_PATTERN
@@ -55,7 +56,7 @@ def terminal_error(status: JobStatus, code: str | None, error: str | None) -> tu
 
 
 @router.get("/models")
-async def list_models(state: StateDep) -> dict[str, Any]:
+async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     name = state.settings.model_name
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vlmq"}]}
 
@@ -65,13 +66,16 @@ async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
     state: StateDep,
+    tenant: TenantDep,
     no_cache: NoCacheDep,
     x_session_id: Annotated[str | None, Header(pattern=ID_PATTERN)] = None,
 ) -> JSONResponse | EventSourceResponse:
     slot = state.stream_slots.take()  # even a non-streaming answer waits on the job's event stream
     try:
         with state.metrics.submit_seconds.time():
-            accepted = await submit(state, await from_openai(body, state.settings, x_session_id, no_cache))
+            submission = await from_openai(body, state.settings, x_session_id, no_cache)
+            accepted = await submit(state, submission.by(tenant))
+        request.state.job_id = accepted.spec.job_id  # for the audit log
         return await _answer(body, request, state, accepted, no_cache, slot)
     except BaseException:
         slot.release()
@@ -108,7 +112,7 @@ async def _answer(
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
     if not record.status.terminal:  # the stream ended early: this gateway is shutting down
         with contextlib.suppress(APIError):  # nobody will read this answer: free the batch slot
-            await cancel_job(state, accepted.spec.job_id)
+            await cancel_job(state, accepted.spec.job_id, ANY_TENANT)
         raise APIError(
             503,
             "gateway shutting down; retry the request",
@@ -144,7 +148,7 @@ async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord
     if waiting not in done:
         return None
     waiting.result()
-    return await load_record(state, job_id)
+    return await load_record(state, job_id, ANY_TENANT)
 
 
 async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:
@@ -175,6 +179,6 @@ async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) 
             yield json.dumps(error_body(http, message, code=code))
     if not ended:  # this gateway is shutting down: say so rather than end as if complete
         with contextlib.suppress(APIError):
-            await cancel_job(state, job_id)
+            await cancel_job(state, job_id, ANY_TENANT)
         yield json.dumps(error_body(503, "gateway shutting down; retry the request", code="shutting_down"))
     yield "[DONE]"

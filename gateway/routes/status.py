@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from gateway.auth import TenantDep
 from gateway.deps import StateDep
 from gateway.metrics import read_heartbeats
 from gateway.queues import read_queues
@@ -16,7 +17,7 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/v1/status")
-async def status(state: StateDep) -> dict[str, Any]:
+async def status(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     queues = await read_queues(state.redis, state.keys)
     beats = await read_heartbeats(state.redis, state.keys, state.settings.worker_stale_s)
     return {

@@ -60,6 +60,7 @@ class GenerationRequest:
     session_id: str | None = None
     deadline: float | None = None  # time.time() epoch seconds; None = no deadline
     use_cache: bool = True  # False: bypass prefix/session/image caches (exactness tests, debugging)
+    priority: int = 0  # 0 first; higher waits (batch work), until it has waited ``priority_aging_s``
 
 
 @dataclass(frozen=True)

@@ -29,3 +29,4 @@ class EngineConfig:
     # steps in a row in which every sequence failed before the engine reports unhealthy (and its worker
     # exits to be restarted); a device error (CUDA error, device-side assert) is unhealthy at once
     max_failed_steps: int = 3
+    priority_aging_s: float = 10.0  # a lower-priority request waiting this long is admitted as the first

@@ -48,7 +48,9 @@ class Engine:
         self.prompts = PromptBuilder(self.arch, processor, self.config)
         self.eos_ids = frozenset(self.arch.eos_token_ids())
         max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
-        self.scheduler = Scheduler(max_batch, self.config.batch_window_ms / 1000.0)
+        self.scheduler = Scheduler(
+            max_batch, self.config.batch_window_ms / 1000.0, self.config.priority_aging_s
+        )
         self.runner = ModelRunner(self.arch, self._make_caches())
         self._stats = EngineStats(max_batch=max_batch)
         self._cv = threading.Condition()

@@ -1,12 +1,14 @@
 """Who runs next. The rule, once:
 
 1. Drop cancelled and expired sequences (waiting ones never run; running ones leave now).
-2. Admit waiting sequences, oldest first, into free slots (``max_batch``) when the engine is idle
-   (a lone request never waits), when the waiters fill every free slot, or when the oldest has waited
-   ``batch_window``; admitted sequences are prefilled together this step.
+2. Admit waiting sequences into free slots (``max_batch``) when the engine is idle (a lone request
+   never waits), when the waiters fill every free slot, or when the oldest has waited
+   ``batch_window``: highest priority first (``GenerationRequest.priority``, 0 before 1), oldest
+   first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
+   Admitted sequences are prefilled together this step.
 3. Otherwise decode every running sequence.
 
-FIFO admission and a bounded batch mean no request starves; deadlines are honoured in both queues.
+Aging and a bounded batch mean no request starves; deadlines are honoured in both queues.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, window_s: float) -> None:
+    def __init__(self, max_batch: int, window_s: float, aging_s: float = 10.0) -> None:
         self.max_batch = max_batch
         self.window_s = window_s
+        self.aging_s = aging_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.cancelled: set[str] = set()
@@ -76,6 +79,9 @@ class Scheduler:
             return FinishReason.CANCELLED
         return FinishReason.EXPIRED if seq.expired(now_epoch) else None
 
+    def _rank(self, seq: Sequence, now: float) -> int:
+        return 0 if now - seq.arrival >= self.aging_s else seq.request.priority
+
     def _admit(self, now: float) -> list[Sequence]:
         free = self.max_batch - len(self.running)
         if not self.waiting or free <= 0:
@@ -85,7 +91,10 @@ class Scheduler:
         )
         if not ready:
             return []
-        admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        chosen = sorted(self.waiting, key=lambda seq: (self._rank(seq, now), seq.arrival))[:free]
+        admitted = [seq for seq in self.waiting if seq in chosen]  # in arrival order
+        for seq in admitted:
+            self.waiting.remove(seq)
         for seq in admitted:
             seq.status = Status.RUNNING
             seq.admitted_at = now

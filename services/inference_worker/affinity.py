@@ -89,4 +89,5 @@ class Rebalancer:
         """Streams whose pending entries may belong to a dead worker: the shared one, the dead's own."""
         everyone, live = self.registered()
         dead = sorted(everyone - live - {self.worker_id})
-        return [self.keys.inference_stream(), *(self.keys.worker_stream(w) for w in dead)]
+        shared = [self.keys.inference_stream(), self.keys.batch_stream()]
+        return [*shared, *(self.keys.worker_stream(w) for w in dead)]

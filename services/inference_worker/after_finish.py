@@ -31,6 +31,7 @@ class WriterConfig:
     model_id: str  # result_cache.model_identity(...): the weights that answer
     session_ttl_s: int
     result_cache_ttl_s: int
+    shared_results: bool = False  # tenants hit each other's cached answers (VLMQ_RESULT_CACHE_SHARED)
     # queues the owner records of a finished job (``affinity.record_owner``), or nothing
     record_owner: Callable[[Any, JobSpec], None] = lambda _pipe, _spec: None
 
@@ -90,7 +91,9 @@ class FinishEffects:
         metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
         if status is not JobStatus.DONE:
             return
-        cache_key = result_cache.cache_key(self.keys, self.config.model_id, run.spec)
+        cache_key = result_cache.cache_key(
+            self.keys, self.config.model_id, run.spec, self.config.shared_results
+        )
         if cache_key and event.usage is not None:
             record = result_cache.CachedResult(
                 text=run.text, usage=event.usage, finish_reason=event.finish_reason or "stop"

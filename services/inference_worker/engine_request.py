@@ -55,4 +55,5 @@ def build_request(spec: JobSpec, request_id: str, image: ImageInput | None) -> G
         session_id=spec.affinity_key,
         deadline=spec.deadline,
         use_cache=spec.use_cache,
+        priority=1 if spec.priority == "batch" else 0,
     )

@@ -37,6 +37,7 @@ def engine_config(settings: InferenceSettings, config_cls: Any = EngineConfig) -
         "session_cache_bytes": settings.session_cache_mb * mb,
         "image_cache_bytes": settings.image_cache_mb * mb,
         "session_ttl_s": settings.session_ttl_s,
+        "priority_aging_s": settings.priority_aging_s,
         "max_failed_steps": settings.max_failed_steps,
     }
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(config_cls)})

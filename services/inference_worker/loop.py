@@ -53,12 +53,14 @@ class InferenceWorker:
         self.worker_id = settings.worker_id or default_worker_id()
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
+        self.interactive_reserve = max_batch  # slots batch-priority work never takes
         self.store = JobStore(client, self.keys, settings.job_ttl_s, settings.image_ttl_s)
         self.consumer = StreamConsumer(client, self.keys, self.worker_id)
         config = WriterConfig(
             settings.result_model_id,
             settings.session_ttl_s,
             settings.result_cache_ttl_s,
+            settings.result_cache_shared,
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
@@ -133,7 +135,11 @@ class InferenceWorker:
             self._slot_freed.wait(READ_BLOCK_MS / 1000)
             self._slot_freed.clear()
             return
-        for entry in self.consumer.read(free, READ_BLOCK_MS):
+        interactive = self.consumer.read(free, READ_BLOCK_MS)
+        for entry in interactive:
+            self.handle(entry)
+        # Batch work takes what is left, minus a batch's worth kept for interactive arrivals.
+        for entry in self.consumer.read_batch(free - len(interactive) - self.interactive_reserve):
             self.handle(entry)
 
     def shutdown(self) -> None:

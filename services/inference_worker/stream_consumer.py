@@ -52,13 +52,14 @@ class StreamConsumer:
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.shared = keys.inference_stream()
         self.own = keys.worker_stream(consumer)
+        self.batch = keys.batch_stream()
         self.group = group
         self.consumer = consumer
         self._claim_cursors: dict[str, str] = defaultdict(lambda: "0-0")
         self._renew = client.register_script(RENEW_LUA)
 
     def ensure_groups(self) -> None:
-        for stream in (self.own, self.shared):
+        for stream in (self.own, self.shared, self.batch):
             try:
                 self.r.xgroup_create(stream, self.group, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -71,13 +72,19 @@ class StreamConsumer:
         if count <= 0:
             return []
         start = "0" if own_pending else ">"
+        streams = {self.own: start, self.shared: start}
+        if own_pending:
+            streams[self.batch] = start
         reply = self.r.xreadgroup(
-            self.group,
-            self.consumer,
-            {self.own: start, self.shared: start},
-            count=count,
-            block=None if own_pending else block_ms,
+            self.group, self.consumer, streams, count=count, block=None if own_pending else block_ms
         )
+        return [e for stream, items in reply or [] for e in _entries(as_str(stream), items)]
+
+    def read_batch(self, count: int) -> list[Entry]:
+        """New batch-priority entries (never blocks: interactive work is read first)."""
+        if count <= 0:
+            return []
+        reply = self.r.xreadgroup(self.group, self.consumer, {self.batch: ">"}, count=count)
         return [e for stream, items in reply or [] for e in _entries(as_str(stream), items)]
 
     def claim_idle(self, min_idle_ms: int, count: int, streams: Iterable[str]) -> list[Entry]:

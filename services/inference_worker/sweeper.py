@@ -76,7 +76,8 @@ class Sweeper:
         return self._requeue_inference(job_key, job_id, now, cutoff)
 
     def _redecode(self, job_key: str, job_id: str, now: float, cutoff: float) -> str:
-        keys = [job_key, self.keys.active_jobs(), self.tasks.key]
+        # Into the interactive queue, whatever the job's priority: a stuck batch job ages in.
+        keys = [job_key, self.keys.active_jobs(), self.keys.decode_queue()]
         limit = self.settings.max_decode_attempts
         reply = int(
             self.r.eval(REDECODE_LUA, len(keys), *keys, now, cutoff, limit, self.tasks.message(job_id))

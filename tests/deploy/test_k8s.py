@@ -24,6 +24,7 @@ from gateway.metrics import BACKLOG_METRIC
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.up import UpSettings
 from shared.config import CommonSettings, DecodeWorkerSettings, GatewaySettings, InferenceSettings
+from shared.decode_task import QUEUES
 from shared.keys import Keys
 from tests.deploy.manifests import (
     BUILDS,
@@ -339,22 +340,23 @@ def test_scaled_deployments_have_a_pdb(build: str) -> None:
 
 @builds
 def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
-    """Decode on LLEN of Keys().decode_queue() (the name from shared/keys.py with the deployment's
-    VLMQ_KEY_PREFIX); inference on the backlog of every inference stream, the gateway's
-    ``vlmq_inference_backlog`` (per-worker streams included), through Prometheus."""
+    """Decode on LLEN of every decode queue (Keys().decode_queue(q) for q in QUEUES, the names
+    from shared/ with the deployment's VLMQ_KEY_PREFIX); inference on the backlog of every
+    inference stream, the gateway's ``vlmq_inference_backlog`` (per-worker streams included),
+    through Prometheus."""
     objs = render(build)
     keys = Keys(setting_value(objs, CommonSettings, "key_prefix"))
-    (decode,) = keda_triggers(objs, deployment(objs, "decode")["metadata"]["name"])
-    assert decode["type"] == "redis"
-    assert decode["metadata"]["listName"] == keys.decode_queue()
-    assert int(decode["metadata"]["listLength"]) > 0
+    decodes = keda_triggers(objs, deployment(objs, "decode")["metadata"]["name"])
+    assert {d["type"] for d in decodes} == {"redis"}
+    assert sorted(d["metadata"]["listName"] for d in decodes) == sorted(keys.decode_queue(q) for q in QUEUES)
+    assert all(int(d["metadata"]["listLength"]) > 0 for d in decodes)
     (inference,) = keda_triggers(objs, deployment(objs, "inference")["metadata"]["name"])
     assert inference["type"] == "prometheus"
     assert inference["metadata"]["query"] == f"sum({BACKLOG_METRIC})"
     assert int(inference["metadata"]["threshold"]) > 0
     assert not set(inference["metadata"]) - TRIGGER_METADATA["prometheus"]
     auths = {a["metadata"]["name"]: a for a in of_kind(objs, "TriggerAuthentication")}
-    for trigger in (decode,):
+    for trigger in decodes:
         unknown = set(trigger["metadata"]) - TRIGGER_METADATA[trigger["type"]]
         assert not unknown, f"{trigger['type']}: KEDA ignores {sorted(unknown)}"
         auth = auths[trigger["authenticationRef"]["name"]]

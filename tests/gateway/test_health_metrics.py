@@ -103,7 +103,7 @@ async def test_metrics(
     assert resp.status_code == 200
     families = {f.name: f for f in text_string_to_metric_families(resp.text)}
     depth = {s.labels["queue"]: s.value for s in families["vlmq_queue_depth"].samples}
-    assert set(depth) == {"inference", "decode"} and depth["decode"] >= 0
+    assert set(depth) == {"inference", "decode", "decode.batch"} and depth["decode"] >= 0
     jobs = {
         s.labels["outcome"]: s.value for s in families["vlmq_jobs"].samples if s.name == "vlmq_jobs_total"
     }

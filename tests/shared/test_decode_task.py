@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from shared.config import GatewaySettings
-from shared.decode_task import DECODE_QUEUE, DECODE_TASK, DecodeTasks
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, DecodeTasks
 
 IDS = ("id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin")
 
@@ -32,7 +32,9 @@ def test_envelope_matches_send_task(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     try:
         queue.app.send_task(DECODE_TASK, args=["job-1"], queue=DECODE_QUEUE)
-        celery_raw = r.lrange(queue.key, 0, -1)  # send_task pushed onto the list the gateway uses
+        celery_raw = r.lrange(
+            queue.keys.decode_queue(), 0, -1
+        )  # send_task pushed onto the list the gateway uses
         assert len(celery_raw) == 1
         celery_msg = json.loads(celery_raw[0])
         ours = json.loads(queue.message("job-1"))
@@ -42,8 +44,11 @@ def test_envelope_matches_send_task(redis_url: str) -> None:
         assert queue.message("job-1") != queue.message("job-1")  # fresh task id and delivery tag
         pipe = r.pipeline(transaction=True)
         queue.push(pipe, "job-2")
+        queue.push(pipe, "job-3", "batch")
         pipe.execute()
-        assert r.llen(queue.key) == 2
+        assert r.llen(queue.keys.decode_queue()) == 2
+        batch = json.loads(r.lindex(queue.keys.decode_queue(BATCH_QUEUE), 0) or b"{}")
+        assert batch["properties"]["delivery_info"]["routing_key"] == BATCH_QUEUE
     finally:
         queue.close()
         r.close()

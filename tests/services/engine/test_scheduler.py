@@ -14,8 +14,8 @@ from services.engine.scheduler import Scheduler
 from services.engine.sequence import Prompt, Sequence, Status
 
 
-def _seq(rid: str, deadline: float | None = None) -> Sequence:
-    req = GenerationRequest(rid, [{"role": "user", "content": "hi"}], deadline=deadline)
+def _seq(rid: str, deadline: float | None = None, priority: int = 0) -> Sequence:
+    req = GenerationRequest(rid, [{"role": "user", "content": "hi"}], deadline=deadline, priority=priority)
     return Sequence(
         req, Prompt([1, 2, 3], torch.arange(3), []), lambda ev: None, Detokenizer(None, ()), frozenset()
     )
@@ -82,3 +82,19 @@ def test_batch_kv_merge_remove_extract_keep_each_rows_tokens():
     assert a.decode_mask() is not None  # y still has padding
     a.remove({"y"})
     assert a.decode_mask() is None and a.extract("x", 3)[0][0].flatten().tolist() == [1, 2, 3]
+
+
+def test_interactive_is_admitted_before_batch_and_batch_ages_in() -> None:
+    scheduler = Scheduler(max_batch=1, window_s=0.0, aging_s=60.0)
+    batch, interactive = _seq("b", priority=1), _seq("i", priority=0)
+    scheduler.add(batch)
+    scheduler.add(interactive)
+    assert [s.id for s in scheduler.schedule().prefill] == ["i"]  # the later one, first
+    scheduler.finish(interactive)
+    assert [s.id for s in scheduler.schedule().prefill] == ["b"]
+    old, new = _seq("old-batch", priority=1), _seq("new", priority=0)
+    old.arrival -= 61  # it has waited past aging_s
+    scheduler.finish(batch)
+    scheduler.add(new)
+    scheduler.add(old)
+    assert [s.id for s in scheduler.schedule().prefill] == ["old-batch"]  # aged in: oldest first
