@@ -25,6 +25,7 @@ from celery import Celery
 from kombu.serialization import dumps
 
 from shared.config import CommonSettings
+from shared.redis_clients import parse_sentinel_url
 
 DECODE_TASK = "vlmq.decode"
 DECODE_QUEUE = "decode"
@@ -37,7 +38,10 @@ def make_celery_app(
 
     ``visibility_timeout_s`` matters to consumers only (the decode workers pass theirs)."""
     # the queue list is then keys.decode_queue()
-    transport: dict[str, Any] = {"global_keyprefix": settings.keys.celery_prefix()}
+    transport: dict[str, Any] = {
+        "global_keyprefix": settings.keys.celery_prefix(),
+        **sentinel_transport(settings),
+    }
     if visibility_timeout_s is not None:
         transport["visibility_timeout"] = visibility_timeout_s
     app = Celery("vlmq", broker=settings.redis_url, include=list(include))
@@ -63,6 +67,16 @@ def make_celery_app(
         broker_transport_options=transport,
     )
     return app
+
+
+def sentinel_transport(settings: CommonSettings) -> dict[str, Any]:
+    """kombu's sentinel transport options for a ``sentinel://`` broker URL (none otherwise)."""
+    if parse_sentinel_url(settings.redis_url) is None:
+        return {}
+    options: dict[str, Any] = {"master_name": settings.redis_sentinel_master}
+    if settings.redis_sentinel_password:  # the URL's password is the Redis servers', not the sentinels'
+        options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password}
+    return options
 
 
 class DecodeTasks:
