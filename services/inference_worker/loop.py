@@ -60,6 +60,8 @@ class InferenceWorker:
             settings.session_ttl_s,
             settings.result_cache_ttl_s,
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
+            min_replicas=settings.redis_min_replicas,
+            wait_ms=settings.redis_wait_ms,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}
