@@ -86,7 +86,10 @@ class Rebalancer:
         self.r.eval(FORGET_LUA, 2, stream, self.keys.workers(), worker_id)
 
     def claim_streams(self) -> list[str]:
-        """Streams whose pending entries may belong to a dead worker: the shared one, the dead's own."""
+        """Streams whose pending entries may be nobody's: the shared one, the dead's own, and this
+        worker's own (an entry whose run it forgot: a Redis failover took back its FINISH and XACK;
+        the entries it runs are renewed every heartbeat, so they never go idle)."""
         everyone, live = self.registered()
         dead = sorted(everyone - live - {self.worker_id})
-        return [self.keys.inference_stream(), *(self.keys.worker_stream(w) for w in dead)]
+        own = self.keys.worker_stream(self.worker_id)
+        return [self.keys.inference_stream(), own, *(self.keys.worker_stream(w) for w in dead)]
