@@ -7,6 +7,13 @@ task is an LPUSH onto the Celery queue, see ``gateway.decode_queue``). An enqueu
 therefore leaves the conversation untouched; the job stays, ``failed`` with
 ``error_code=queue_unavailable`` (a client polling it gets the reason), and the image bytes
 expire with their TTL.
+
+``VLMQ_REDIS_MIN_REPLICAS`` > 0: each of the two MULTIs is followed by a WAIT on its connection
+(``ReplicatedPipeline``), so a 202 is only sent for writes a replica holds. Too few replicas
+within ``VLMQ_REDIS_WAIT_MS``: 503, and the job is failed ``queue_unavailable`` like an enqueue
+failure (its writes already ran on the master; FINISH_LUA is the one write every stage respects,
+where a DEL would race a decode worker that already has the task). A result-cache hit does not
+wait: its answer is in the response itself.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 
 from gateway.admission import admit
@@ -26,6 +34,7 @@ from gateway.quotas import charge
 from gateway.state import GatewayState
 from shared import conversations, result_cache
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
+from shared.redis_clients import NotReplicated, ReplicatedPipeline
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus, StageTimings
 
 log = logging.getLogger(__name__)
@@ -60,7 +69,10 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
         state.metrics.submitted.labels(spec.source).inc()
         return Accepted(spec, JobStatus.DONE, cached)
     await admit(state.redis, state.keys, spec.job_id, state.settings.max_queue_depth, state.throughput)
-    await _write(state, job, None, conversation=False)
+    try:
+        await _write(state, job, None, conversation=False)
+    except NotReplicated as exc:
+        raise await _not_replicated(state, spec.job_id, exc) from exc
     await _enqueue(state, job)
     state.metrics.submitted.labels(spec.source).inc()
     return Accepted(spec, JobStatus.QUEUED)
@@ -69,7 +81,7 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
 async def _write(
     state: GatewayState, job: PreparedJob, cached: result_cache.CachedResult | None, conversation: bool
 ) -> None:
-    async with state.redis.pipeline(transaction=True) as pipe:
+    async with _pipeline(state, replicated=cached is None) as pipe:
         _write_image(pipe, state, job)
         if conversation:
             _write_conversation(pipe, state, job)
@@ -81,10 +93,12 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
     """Decode task and conversation in one MULTI: a refused LPUSH aborts both (EXECABORT)."""
     spec = job.spec
     try:
-        async with state.redis.pipeline(transaction=True) as pipe:
+        async with _pipeline(state, replicated=True) as pipe:
             state.decode.push(pipe, spec.job_id, spec.priority)
             _write_conversation(pipe, state, job)
             await pipe.execute()
+    except NotReplicated as exc:
+        raise await _not_replicated(state, spec.job_id, exc) from exc
     except Exception as exc:  # broker down: the job must not stay queued forever
         log.exception("decode enqueue failed for %s", spec.job_id)
         await fail_job(state, spec.job_id, f"could not enqueue the decode task: {exc}")
@@ -94,6 +108,29 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
             code="queue_unavailable",
             headers={"Retry-After": "1"},
         ) from exc
+
+
+def _pipeline(state: GatewayState, replicated: bool) -> aioredis.client.Pipeline:
+    """A MULTI pipeline; one that WAITs for ``redis_min_replicas`` after EXEC when asked and set."""
+    replicas = state.settings.redis_min_replicas
+    if replicated and replicas > 0:
+        return ReplicatedPipeline(state.redis, replicas, state.settings.redis_wait_ms)
+    return state.redis.pipeline(transaction=True)
+
+
+async def _not_replicated(state: GatewayState, job_id: str, exc: NotReplicated) -> APIError:
+    """Fail the job that no replica holds (it is not accepted) and say so: 503, retry."""
+    log.warning("job %s not accepted: %s", job_id, exc)
+    try:
+        await fail_job(state, job_id, f"not replicated: {exc}")
+    except redis.RedisError:  # the master itself is going: the answer is still 503
+        log.warning("job %s: could not record the failure", job_id, exc_info=True)
+    return APIError(
+        503,
+        f"job not accepted: {exc} (VLMQ_REDIS_MIN_REPLICAS); retry shortly",
+        code="queue_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str, str]:

@@ -42,10 +42,9 @@ class GatewayState:
 
     @classmethod
     def create(cls, settings: GatewaySettings) -> GatewayState:
-        client = aioredis.Redis(connection_pool=async_pool(settings.redis_url, API_CONNECTIONS, 10.0))
-        streams = aioredis.Redis(
-            connection_pool=async_pool(settings.redis_url, settings.stream_connections, 10.0)
-        )
+        url, sentinel = settings.redis_url, settings.sentinel
+        client = aioredis.Redis(connection_pool=async_pool(url, API_CONNECTIONS, 10.0, sentinel))
+        streams = aioredis.Redis(connection_pool=async_pool(url, settings.stream_connections, 10.0, sentinel))
         return cls(
             settings=settings,
             redis=client,

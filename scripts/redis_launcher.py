@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from scripts.pdeathsig import term_with_parent
+from shared.redis_clients import SentinelOptions, sync_client
 
 
 def redis_binary() -> str:
@@ -37,9 +38,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def reachable(url: str, timeout_s: float = 0.5) -> bool:
+def reachable(url: str, timeout_s: float = 0.5, sentinel: SentinelOptions | None = None) -> bool:
+    """PING answered (a ``sentinel://`` URL: by the master its sentinels name)."""
     try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client = sync_client(url, timeout_s, sentinel, connect_timeout=timeout_s)
         return bool(client.ping())
     except (redis.RedisError, OSError, ValueError):
         return False

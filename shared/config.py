@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.keys import Keys
+from shared.redis_clients import SentinelOptions
 from shared.result_cache import model_identity
 
 KNOWN_DEFAULTS = frozenset({"vlmq-dev-only", "changeme", "change-me", "secret", "password"})
@@ -27,7 +28,32 @@ class CommonSettings(BaseSettings):
         "development",
         description="production refuses missing or known-default secrets (compose and k8s run production)",
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for jobs, images, streams, Celery")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis for jobs, images, streams, Celery; or its sentinels: "
+        "sentinel://[:password@]h1:26379[/db];sentinel://h2:26379",
+    )
+    redis_sentinel_master: str = Field(
+        "mymaster", description="Master name the sentinels monitor (only with a sentinel:// URL)"
+    )
+    redis_sentinel_password: str | None = Field(
+        None,
+        description="Password of the sentinels themselves, if they require one (the URL's password is "
+        "the Redis servers')",
+    )
+    redis_min_replicas: int = Field(
+        0,
+        ge=0,
+        description="Replicas that must acknowledge a job (WAIT) before the gateway answers 202 and before "
+        "the inference worker acknowledges its stream entry; 0: asynchronous replication only",
+    )
+    redis_wait_ms: int = Field(
+        500,
+        ge=1,
+        le=5000,
+        description="How long a WAIT for VLMQ_REDIS_MIN_REPLICAS replicas may take; fewer: the gateway "
+        "answers 503",
+    )
     key_prefix: str = Field("vlmq", description="Prefix of every Redis key (tests use their own)")
     model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
     model_name: str = Field("vlmq-tiny", description="Model id reported by /v1/models and responses")
@@ -86,6 +112,11 @@ class CommonSettings(BaseSettings):
     @property
     def keys(self) -> Keys:
         return Keys(self.key_prefix)
+
+    @property
+    def sentinel(self) -> SentinelOptions:
+        """How to find the master when ``redis_url`` names sentinels."""
+        return SentinelOptions(self.redis_sentinel_master, self.redis_sentinel_password)
 
     @property
     def result_model_id(self) -> str:

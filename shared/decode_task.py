@@ -25,6 +25,7 @@ from celery import Celery
 from kombu.serialization import dumps
 
 from shared.config import CommonSettings
+from shared.redis_clients import parse_sentinel_url
 
 DECODE_TASK = "vlmq.decode"
 DECODE_QUEUE = "decode"  # interactive work
@@ -47,6 +48,7 @@ def make_celery_app(
     transport: dict[str, Any] = {
         "global_keyprefix": settings.keys.celery_prefix(),
         "queue_order_strategy": "priority",
+        **sentinel_transport(settings),
     }
     if visibility_timeout_s is not None:
         transport["visibility_timeout"] = visibility_timeout_s
@@ -73,6 +75,16 @@ def make_celery_app(
         broker_transport_options=transport,
     )
     return app
+
+
+def sentinel_transport(settings: CommonSettings) -> dict[str, Any]:
+    """kombu's sentinel transport options for a ``sentinel://`` broker URL (none otherwise)."""
+    if parse_sentinel_url(settings.redis_url) is None:
+        return {}
+    options: dict[str, Any] = {"master_name": settings.redis_sentinel_master}
+    if settings.redis_sentinel_password:  # the URL's password is the Redis servers', not the sentinels'
+        options["sentinel_kwargs"] = {"password": settings.redis_sentinel_password}
+    return options
 
 
 class DecodeTasks:

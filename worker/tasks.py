@@ -36,7 +36,7 @@ def pipeline() -> DecodePipeline:
         torch.set_num_threads(1)  # one decode per process; parallelism comes from -c N
     except ImportError:
         pass
-    client = sync_client(settings.redis_url)
+    client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     return DecodePipeline(client, settings, ImageProcessorHandle.load(settings.model))
 
 

@@ -39,7 +39,7 @@ def main() -> int:
     settings = get_inference_settings()
     sys.setswitchinterval(settings.gil_switch_interval_s)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = sync_client(settings.redis_url)
+    client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
     worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))
     install_signals(worker)

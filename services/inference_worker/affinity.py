@@ -86,8 +86,11 @@ class Rebalancer:
         self.r.eval(FORGET_LUA, 2, stream, self.keys.workers(), worker_id)
 
     def claim_streams(self) -> list[str]:
-        """Streams whose pending entries may belong to a dead worker: the shared one, the dead's own."""
+        """Streams whose pending entries may be nobody's: the shared one, the dead's own, and this
+        worker's own (an entry whose run it forgot: a Redis failover took back its FINISH and XACK;
+        the entries it runs are renewed every heartbeat, so they never go idle)."""
         everyone, live = self.registered()
         dead = sorted(everyone - live - {self.worker_id})
+        own = self.keys.worker_stream(self.worker_id)
         shared = [self.keys.inference_stream(), self.keys.batch_stream()]
-        return [*shared, *(self.keys.worker_stream(w) for w in dead)]
+        return [*shared, own, *(self.keys.worker_stream(w) for w in dead)]

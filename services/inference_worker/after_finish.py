@@ -5,6 +5,10 @@ Runs on the writer thread, in one round trip per flush. Side effects happen only
 attempt whose FINISH wrote the terminal state (reply 1, or 2 for a re-sent FINISH whose first
 reply was lost); an entry is acknowledged unless another attempt owns the job (reply -1: that
 attempt acknowledges it).
+
+With ``VLMQ_REDIS_MIN_REPLICAS`` > 0 the side effects are followed by a WAIT, and the XACKs go out
+in a second round trip only when enough replicas acknowledged: an entry is never acknowledged
+for a terminal state that a failover could still take back.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class WriterConfig:
     shared_results: bool = False  # tenants hit each other's cached answers (VLMQ_RESULT_CACHE_SHARED)
     # queues the owner records of a finished job (``affinity.record_owner``), or nothing
     record_owner: Callable[[Any, JobSpec], None] = lambda _pipe, _spec: None
+    min_replicas: int = 0  # WAIT for this many replicas before the XACK (0: no WAIT)
+    wait_ms: int = 500
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,32 @@ class FinishEffects:
         for item in done:
             if item.wrote:  # this attempt wrote the terminal state: its side effects happen once
                 self._side_effects(pipe, item.run, item.event, item.status)
+        if self.config.min_replicas > 0 and any(item.wrote for item in done):
+            if not self._replicated(pipe):
+                return self._log(done, " (not acknowledged yet: too few replicas)")
+            pipe = self.r.pipeline(transaction=False)
+        for item in done:
             if item.reply != FENCED:
                 self.consumer.ack(pipe, item.run.entry)
         _execute(pipe)
+        self._log(done)
+
+    def _replicated(self, pipe: Any) -> bool:
+        """Run the side effects, then WAIT on their connection: written after FINISH on the same
+        master, they replicate after it, so a replica that has them has the terminal state. Too few
+        replicas: no XACK now; the entry stays pending, and the worker that claims it after
+        ``claim_idle_ms`` finds the job terminal and acknowledges it then."""
+        wanted = self.config.min_replicas
+        pipe.execute_command("WAIT", wanted, self.config.wait_ms)
+        acked = _execute(pipe)[-1]
+        if isinstance(acked, int) and acked >= wanted:
+            return True
+        log.warning(
+            "terminal state acknowledged by %s of %d replicas: stream entries left pending", acked, wanted
+        )
+        return False
+
+    def _log(self, done: list[Finished], suffix: str = "") -> None:
         for item in done:
             note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
             log.info(
@@ -70,7 +99,7 @@ class FinishEffects:
                 item.run.job_id,
                 item.run.attempt,
                 item.status.value,
-                note.get(item.reply, ""),
+                note.get(item.reply, "") + suffix,
                 len(item.run.token_ids),
             )
 
@@ -111,9 +140,11 @@ class FinishEffects:
         metrics_hash.observe_many(pipe, key, "inter_token_seconds", gaps)
 
 
-def _execute(pipe: Any) -> None:
+def _execute(pipe: Any) -> list[Any]:
     """Run the side effects; one refused command (an XACK of a stream that vanished: NOGROUP) must
     not undo or block the others, so errors are logged, not raised. Connection errors still raise."""
-    for reply in pipe.execute(raise_on_error=False):
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for reply in replies:
         if isinstance(reply, redis.ResponseError):
             log.warning("a side effect after a job's end was refused: %s", reply)
+    return replies

@@ -62,6 +62,8 @@ class InferenceWorker:
             settings.result_cache_ttl_s,
             settings.result_cache_shared,
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
+            min_replicas=settings.redis_min_replicas,
+            wait_ms=settings.redis_wait_ms,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from celery import Celery
 
 from scripts.commands import decode_command, gateway_command, inference_command
@@ -26,6 +25,7 @@ from shared import workers
 from shared.config import DecodeWorkerSettings, GatewaySettings
 from shared.decode_task import DECODE_QUEUE, DECODE_TASK, make_celery_app
 from shared.keys import Keys
+from shared.redis_clients import sync_client
 from tests.support.models import test_model_path
 from tests.support.processes import ManagedProcess, log_contains
 
@@ -77,7 +77,7 @@ class ServiceStack:
         self.env = base_env(redis_url, self.key_prefix, extra_env)
         self.settings = GatewaySettings.model_validate(_settings_kwargs(self.env))  # exactly the stack's env
         self.keys: Keys = self.settings.keys
-        self.redis: Any = redis.Redis.from_url(redis_url)  # Any: redis-py's unions get in the way in tests
+        self.redis: Any = sync_client(redis_url, sentinel=self.settings.sentinel)  # Any: redis-py's unions
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
