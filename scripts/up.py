@@ -29,7 +29,9 @@ import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scripts import local_secrets
 from scripts.commands import decode_command, gateway_command, inference_command
+from scripts.local_secrets import LocalSecrets
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Child, Supervisor
 from shared import metrics_hash, workers
@@ -55,9 +57,11 @@ class UpSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VLMQ_", env_file=".env", extra="ignore")
     flower_port: int = Field(default=5555, description="Flower (Celery monitoring) port")
     flower_user: str | None = Field(
-        None, description="Flower basic-auth user (auth on when user and password set)"
+        None, description="Flower basic-auth user (unset with the password: `vlmq` and a generated password)"
     )
-    flower_password: str | None = Field(default=None, description="Flower basic-auth password")
+    flower_password: str | None = Field(
+        default=None, description="Flower basic-auth password (unset: generated once into the run folder)"
+    )
     ready_timeout_s: float = Field(default=180.0, description="How long `make up` waits for every service")
     inference_workers: int = Field(default=1, ge=1, description="Inference worker processes `make up` runs")
     decode_workers: int = Field(
@@ -100,29 +104,22 @@ def model_path(configured: str) -> str:
     raise SystemExit(f"[up] model {configured!r} not found (train it: make train)")
 
 
-def commands(gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings) -> dict[str, list[str]]:
-    py = sys.executable
-    flower = [
-        py,
-        "-m",
-        "celery",
-        "-A",
-        "worker.celery_app",
-        "flower",
-        f"--port={up.flower_port}",
-        "--address=127.0.0.1",
-    ]
-    if up.flower_user and up.flower_password:
-        flower.append(f"--basic-auth={up.flower_user}:{up.flower_password}")
-    procs = {**numbered("inference", up.inference_workers, lambda _name: inference_command())}
-    procs.update(
-        numbered(
-            "decode",
-            up.decode_workers,
-            lambda name: decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h"),
-        )
-    )
-    return {**procs, "gateway": gateway_command(), "flower": flower}
+def commands(
+    gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings, made: LocalSecrets
+) -> dict[str, list[str]]:
+    flower = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower"]
+    flower += [f"--port={up.flower_port}", "--address=127.0.0.1"]
+    flower.append(f"--basic-auth={made.flower_user}:{made.flower_password}")  # its API too: never open
+
+    def decode(name: str) -> list[str]:
+        return decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h")
+
+    return {
+        **numbered("inference", up.inference_workers, lambda _name: inference_command()),
+        **numbered("decode", up.decode_workers, decode),
+        "gateway": gateway_command(),
+        "flower": flower,
+    }
 
 
 def numbered(kind: str, count: int, command: Callable[[str], list[str]]) -> dict[str, list[str]]:
@@ -168,8 +165,13 @@ def main() -> int:
     redis_url, embedded = choose_redis(run_dir)
     os.environ["VLMQ_REDIS_URL"] = redis_url
     os.environ["VLMQ_MODEL"] = model_path(get_gateway_settings().model)
-    get_gateway_settings.cache_clear()  # read again with the model path and Redis chosen here
-    gw, dec, up = get_gateway_settings(), get_decode_worker_settings(), UpSettings()  # type: ignore[call-arg]
+    up = UpSettings()  # type: ignore[call-arg]
+    configured = get_gateway_settings()
+    made = local_secrets.ensure(
+        run_dir, bool(configured.api_keys or configured.api_keys_file), up.flower_user, up.flower_password
+    )
+    get_gateway_settings.cache_clear()  # read again with the model, Redis and keys chosen here
+    gw, dec = get_gateway_settings(), get_decode_worker_settings()
     print_redis(redis_url, embedded, gw)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys, gw.sentinel))
@@ -181,10 +183,10 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        for name, cmd in commands(gw, dec, up).items():
+        for name, cmd in commands(gw, dec, up, made).items():
             sup.start(name, cmd)
         if wait_ready(gw, sup, up.ready_timeout_s, stopping):
-            print_urls(gw, up, redis_url)
+            print_urls(gw, up, redis_url, made)
         elif not stopping:
             print(
                 f"[up] not ready yet: still retrying what fails (see above and {run_dir}/logs/)",
@@ -256,19 +258,20 @@ def describe_replicas(client: redis.Redis, min_replicas: int) -> str:
     return f"{connected} replica(s) (VLMQ_REDIS_MIN_REPLICAS={min_replicas})"
 
 
-def print_urls(gw: GatewaySettings, up: UpSettings, redis_url: str) -> None:
+def print_urls(gw: GatewaySettings, up: UpSettings, redis_url: str, made: LocalSecrets) -> None:
     base = f"http://{gw.host}:{gw.port}"
-    auth = (
-        "basic auth on" if up.flower_user and up.flower_password else "no auth: set VLMQ_FLOWER_USER/PASSWORD"
-    )
+    key = made.api_key or "(your VLMQ_API_KEYS / VLMQ_API_KEYS_FILE)"
     print(
         f"""
 [up] vlmq is up (model {gw.model})
      web page      {base}/
+     API key       {key}
+                   (curl -H "Authorization: Bearer $VLMQ_API_KEY" ...; the page asks for it once)
      API docs      {base}/docs
      jobs API      {base}/v1/jobs        OpenAI API  {base}/v1/chat/completions
-     health        {base}/healthz  {base}/readyz     metrics  {base}/metrics
-     Flower        http://127.0.0.1:{up.flower_port}/  ({auth})
+     health        {base}/healthz  {base}/readyz     metrics  {base}/metrics (with the key)
+     Flower        http://127.0.0.1:{up.flower_port}/
+                   (user {made.flower_user}, password {made.flower_password})
      Redis         {redis_url}  (key prefix {gw.key_prefix})
      Ctrl-C stops everything.
 """,

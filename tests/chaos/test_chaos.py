@@ -114,7 +114,8 @@ async def test_nothing_accepted_is_lost_stuck_or_mixed_under_chaos(
     up, redis_server = stack
     rng = random.Random(20261203)
     faults: list[str] = []
-    async with httpx.AsyncClient(base_url=up.base_url, timeout=30) as client:
+    headers = {"Authorization": f"Bearer {up.api_key}"}
+    async with httpx.AsyncClient(base_url=up.base_url, timeout=30, headers=headers) as client:
         load = Load(client, rng)
         await asyncio.gather(run_load(load, rng), inject_faults(up, redis_server, faults))
         print("\n".join(faults), f"\naccepted {len(load.accepted)}, refused attempts {load.refusals}")

@@ -94,6 +94,11 @@ class UpProcess:
             time.sleep(0.5)
         raise TimeoutError(f"make up not ready in {timeout_s}s: {self.output()[-3000:]}")
 
+    @property
+    def api_key(self) -> str:
+        """The key `make up` generated for this run (it prints it too)."""
+        return (self.run_dir / "api-keys").read_text().split()[0]
+
     def pid_of(self, kind: str) -> int:
         """The live pid of a supervised process: inference, decode (Celery main), decode-child, gateway."""
         marks = {
