@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,10 +14,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.batch_driver import BatchDriver
 from gateway.body_limit import BodyLimitMiddleware, body_limit
 from gateway.errors import install_error_handlers
 from gateway.guards import Guard
 from gateway.routes import (
+    batches,
     chat_ws,
     conversations,
     dead_letters,
@@ -45,9 +48,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         if not state.keyring.enabled:
             logging.getLogger("gateway").warning("no API key configured: the gateway is open to anyone")
         state.keyring.reload_on_sighup()
+        driver = asyncio.create_task(BatchDriver(state).run())
         try:
             yield
         finally:
+            driver.cancel()
+            await asyncio.gather(driver, return_exceptions=True)
             await state.close()
 
     docs = settings.serve_docs
@@ -60,14 +66,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         openapi_url="/openapi.json" if docs else None,
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes))
+    larger = {"/v1/files": settings.max_batch_file_bytes + 64 * 1024}  # batch input files
+    app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes), larger=larger)
     if settings.cors_origins:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
         app.add_middleware(
             CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"], max_age=600
         )
     app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
-    for module in (jobs, job_streams, conversations, chat_ws, openai, dead_letters, status, health, web):
+    routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
+    for module in routers:
         app.include_router(module.router)
     return app
 

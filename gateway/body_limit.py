@@ -17,17 +17,19 @@ def body_limit(max_image_bytes: int) -> int:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, max_body: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
-        self.max_body = max_body
+        self.default_max = max_body
+        self.larger = larger or {}  # path -> its own cap (batch input files)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_body = self.larger.get(scope["path"], self.default_max)
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body:
-            await _reject(send, self.max_body)
+        if declared is not None and declared > max_body:
+            await _reject(send, max_body)
             return
         received = 0
 
@@ -36,8 +38,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body:
-                    raise APIError(413, _message(self.max_body), code="body_too_large")
+                if received > max_body:
+                    raise APIError(413, _message(max_body), code="body_too_large")
             return message
 
         await self.app(scope, limited_receive, send)

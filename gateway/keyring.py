@@ -73,6 +73,11 @@ class Keyring:
                 found = tenant
         return found
 
+    def by_name(self, name: str) -> Tenant | None:
+        """The tenant of that name as its key defines it now (quotas may have changed), if any."""
+        self._maybe_reload()
+        return next((t for t in (*self._inline.values(), *self._from_file.values()) if t.name == name), None)
+
     def reload(self) -> None:
         """Read the keys file again (a broken file keeps the previous keys, and says why)."""
         if self._file is None:

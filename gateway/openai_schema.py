@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.request_params import ID_PATTERN
 from shared.jobs import JobRecord
+from shared.schemas import ErrorCode, JobStatus
 
 
 class ImageURL(BaseModel):
@@ -116,3 +117,22 @@ def chunk_json(
     if usage is not None:
         chunk["usage"] = usage
     return chunk
+
+
+TERMINAL_HTTP: dict[str, tuple[int, str]] = {
+    ErrorCode.BAD_IMAGE: (400, "the image could not be decoded"),
+    ErrorCode.IMAGE_EXPIRED: (400, "the image expired before it was used; send it again"),
+    ErrorCode.INVALID_REQUEST: (400, "the request was refused"),
+    ErrorCode.EXPIRED: (408, "deadline passed before the answer was complete"),
+    ErrorCode.CANCELLED: (499, "the job was cancelled"),
+    ErrorCode.QUEUE_UNAVAILABLE: (503, "decode queue unavailable, retry shortly"),
+    ErrorCode.INTERNAL: (500, "generation failed"),
+}
+_BY_STATUS = {JobStatus.EXPIRED: ErrorCode.EXPIRED, JobStatus.CANCELLED: ErrorCode.CANCELLED}
+
+
+def terminal_error(status: JobStatus, code: str | None, error: str | None) -> tuple[int, str, str]:
+    """(HTTP status, message, error code) of a job that did not end done."""
+    code = code or _BY_STATUS.get(status, ErrorCode.INTERNAL)
+    http, message = TERMINAL_HTTP.get(code, TERMINAL_HTTP[ErrorCode.INTERNAL])
+    return http, f"{message}: {error}" if error else message, code

@@ -143,6 +143,15 @@ class GatewaySettings(CommonSettings):
         "anything is stored or tokenized",
     )
     max_turns: int = Field(64, description="Most messages in one OpenAI conversation; more: 413")
+    max_batch_file_bytes: int = Field(
+        100 * 1024 * 1024, description="Largest OpenAI batch input file (JSONL, images as data URLs)"
+    )
+    batch_inflight: int = Field(
+        32, description="Jobs one batch keeps in flight at once (the rest wait in its input file)"
+    )
+    batch_file_ttl_s: int = Field(
+        7 * 24 * 3600, description="How long batch input and output files and batch records are kept"
+    )
     api_keys: str | None = Field(
         None, description="Comma-separated API keys, each its own tenant (none and no keys file: open)"
     )

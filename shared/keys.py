@@ -102,6 +102,41 @@ class Keys:
     def result_cache(self, request_hash: str) -> str:
         return f"{self.prefix}:result:{request_hash}"
 
+    # --- OpenAI batch API ---
+    def file(self, file_id: str) -> str:
+        """Hash: an uploaded or produced file's record (tenant, purpose, name, size, lines)."""
+        return f"{self.prefix}:file:{file_id}"
+
+    def file_lines(self, file_id: str) -> str:
+        """List: the file's JSONL lines (a batch reads its input one line at a time)."""
+        return f"{self.prefix}:file:{file_id}:lines"
+
+    def tenant_files(self, tenant: str | None) -> str:
+        return f"{self.prefix}:files:{tenant or '-'}"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch (its request, status, counts, submission cursor, result files)."""
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def batch_inflight(self, batch_id: str) -> str:
+        """Hash: input line number -> job id, for the batch's jobs not collected yet."""
+        return f"{self.prefix}:batch:{batch_id}:inflight"
+
+    def batch_results(self, batch_id: str, kind: str) -> str:
+        """List: the output (``out``) or error (``err``) lines collected so far."""
+        return f"{self.prefix}:batch:{batch_id}:{kind}"
+
+    def active_batches(self) -> str:
+        """Set: batches the driver still works on."""
+        return f"{self.prefix}:batches:active"
+
+    def tenant_batches(self, tenant: str | None) -> str:
+        return f"{self.prefix}:batches:{tenant or '-'}"
+
+    def batch_driver_lock(self) -> str:
+        """String held by the one gateway driving batches right now (NX, short TTL)."""
+        return f"{self.prefix}:batches:driver"
+
     # --- workers ---
     def worker_heartbeat(self, worker_id: str) -> str:
         """String (JSON stats) with a short TTL; its presence means the worker is alive."""

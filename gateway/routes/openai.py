@@ -26,33 +26,21 @@ from gateway.event_reader import is_terminal
 from gateway.intake import from_openai
 from gateway.job_records import ANY_TENANT, cancel_job, load_record
 from gateway.listeners import job_events
-from gateway.openai_schema import ChatCompletionRequest, chunk_json, completion_json, usage_json
+from gateway.openai_schema import (
+    ChatCompletionRequest,
+    chunk_json,
+    completion_json,
+    terminal_error,
+    usage_json,
+)
 from gateway.request_params import ID_PATTERN
 from gateway.routes.job_streams import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
 from gateway.stream_slots import SlotEventSourceResponse, StreamSlot
 from shared.jobs import JobRecord
-from shared.schemas import ErrorCode, JobStatus
+from shared.schemas import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-TERMINAL_HTTP: dict[str, tuple[int, str]] = {
-    ErrorCode.BAD_IMAGE: (400, "the image could not be decoded"),
-    ErrorCode.IMAGE_EXPIRED: (400, "the image expired before it was used; send it again"),
-    ErrorCode.INVALID_REQUEST: (400, "the request was refused"),
-    ErrorCode.EXPIRED: (408, "deadline passed before the answer was complete"),
-    ErrorCode.CANCELLED: (499, "the job was cancelled"),
-    ErrorCode.QUEUE_UNAVAILABLE: (503, "decode queue unavailable, retry shortly"),
-    ErrorCode.INTERNAL: (500, "generation failed"),
-}
-_BY_STATUS = {JobStatus.EXPIRED: ErrorCode.EXPIRED, JobStatus.CANCELLED: ErrorCode.CANCELLED}
-
-
-def terminal_error(status: JobStatus, code: str | None, error: str | None) -> tuple[int, str, str]:
-    """(HTTP status, message, error code) of a job that did not end done."""
-    code = code or _BY_STATUS.get(status, ErrorCode.INTERNAL)
-    http, message = TERMINAL_HTTP.get(code, TERMINAL_HTTP[ErrorCode.INTERNAL])
-    return http, f"{message}: {error}" if error else message, code
 
 
 @router.get("/models")
