@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,6 +34,7 @@ import httpx
 import openai
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.profiling import Profiler
 from bench.resources import Meter, Reading, cost, memory_by_kind
 from bench.service_report import HOPS, markdown
 from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
@@ -324,11 +326,20 @@ def meter_for(stack: ServiceStack, peer: Peer) -> Meter:
 
 
 async def measured_run(
-    meter: Meter, mode: str, stack: ServiceStack, peer: Peer, model: str, requests: list[BenchRequest], c: int
+    meter: Meter,
+    mode: str,
+    stack: ServiceStack,
+    peer: Peer,
+    model: str,
+    requests: list[BenchRequest],
+    c: int,
+    profile: Path | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """One run with its cost: readings before and after (the engine's counters written after it)."""
+    """One run with its cost: readings before and after (the engine's counters written after it);
+    ``profile``: py-spy records every stack process into that folder meanwhile."""
     before = await asyncio.to_thread(meter.read)
-    samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
+    with Profiler(profile, meter.groups) if profile else contextlib.nullcontext():
+        samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
     after = await asyncio.to_thread(meter.read, time.time())
     summary = summarize(samples, wall)
     print(f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}")
@@ -352,7 +363,8 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
         shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
         for mode in MODES:
             requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
-            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c)
+            profile = args.profile if (mode, c) == ("vlmq-openai", max(args.levels)) else None
+            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c, profile)
             runs.append(run)
             if c == 1:
                 c1[mode] = (requests, samples)
@@ -445,6 +457,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=str(test_model_path()), help="checkpoint served by both")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy every process of the top vlmq-openai run into DIR"
+    )
     parser.add_argument(
         "--sustain-s", type=float, default=None, help="sustained load for Redis memory (default 300; 0: none)"
     )
