@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,7 +12,7 @@ from shared.config import GatewaySettings, InferenceSettings
 GOOD_URL = "redis://:s3cr3t-of-my-own@redis:6379/0"
 
 
-def production(**values: object) -> GatewaySettings:
+def production(**values: Any) -> GatewaySettings:
     return GatewaySettings(_env_file=None, env="production", **values)  # type: ignore[call-arg]
 
 
