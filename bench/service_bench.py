@@ -1,7 +1,7 @@
 """End-to-end service benchmark: vlmq (gateway + Celery decode + inference worker) beside
 ``transformers serve`` (a peer), same checkpoint, same requests, same ``openai``-client load.
 
-    python -m bench.service_bench [--quick] [--levels 1,8,32] [--model PATH]
+    python -m bench.service_bench [--quick | --smoke] [--levels 1,8,32] [--model PATH] [--out DIR]
 
 Closed loop at each concurrency: every client sends its next request when the previous one
 ends. Per level, three runs: the peer through the openai client (streaming), vlmq through
@@ -48,12 +48,12 @@ REQUEST_TIMEOUT_S = 120  # a stuck request is recorded as an error, the run goes
 class Peer:
     """``transformers serve`` in a subprocess that first imports ``services`` (processor class)."""
 
-    def __init__(self, model: str, threads: int, log: Path) -> None:
+    def __init__(self, model: str, threads: int, log: Path, device: str = "cpu", dtype: str = "auto") -> None:
         self.model, self.port, self.log = model, free_port(), log
         code = (
             "import sys, services\nfrom transformers.cli.transformers import main\n"
             f"sys.argv = ['transformers', 'serve', {model!r}, '--host', '127.0.0.1', '--port', '{self.port}',"
-            " '--device', 'cpu', '--log-level', 'warning']\nmain()"
+            f" '--device', {device!r}, '--dtype', {dtype!r}, '--log-level', 'warning']\nmain()"
         )
         env = {
             **os.environ,
@@ -95,25 +95,35 @@ class Peer:
 
 
 # --- clients ---
-async def openai_call(client: openai.AsyncOpenAI, model: str, req: BenchRequest) -> Sample:
-    start, ttft, parts = time.perf_counter(), None, []
+async def openai_call(
+    client: openai.AsyncOpenAI,
+    model: str,
+    req: BenchRequest,
+    max_tokens: int = MAX_TOKENS,
+    extra: dict[str, Any] | None = None,
+) -> Sample:
+    """One streamed chat completion; ``extra``: more arguments (e.g. ``stream_options`` for vlmq)."""
+    start, ttft, parts, completion = time.perf_counter(), None, [], None
     messages: Any = req.openai_messages()
     try:
         stream: Any = await client.chat.completions.create(
             model=model,
             messages=messages,
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=0,
             stream=True,
             extra_headers=NO_CACHE,
+            **(extra or {}),
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 ttft = ttft if ttft is not None else time.perf_counter() - start
                 parts.append(chunk.choices[0].delta.content)
+            if getattr(chunk, "usage", None) is not None:
+                completion = chunk.usage.completion_tokens
     except openai.APIError as exc:
         return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error=str(exc))
-    return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts))
+    return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), completion_tokens=completion)
 
 
 async def ws_call(ws: ClientConnection, req: BenchRequest) -> Sample:
@@ -366,7 +376,7 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
     per_level = {c: max(args.requests, 2 * c) for c in args.levels}
     runs: list[dict[str, Any]] = []
     c1: dict[str, tuple[list[BenchRequest], list[Sample]]] = {}
-    warm = make_requests(2, seed=999)
+    warm = make_requests(1 if args.mode == "smoke" else 2, seed=999)
     for mode in MODES:  # warm-up: model loads, first-request costs
         await run_mode(mode, stack, peer, stack.settings.model_name, args.model, warm, 1)
     for c in args.levels:
@@ -387,20 +397,25 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
     return {"runs": runs, "c1": c1, "created": created_times(stack, ws_samples)}
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
-    parser.add_argument("--levels", default="1,8,32", help="concurrency levels")
+    parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument("--smoke", action="store_true", help="seconds: every code path once (make test)")
+    parser.add_argument("--levels", default=None, help="concurrency levels (default 1,8,32; smoke 1,2)")
     parser.add_argument("--model", default=str(test_model_path()), help="checkpoint served by both")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
-    args = parser.parse_args()
-    args.levels = [int(x) for x in args.levels.split(",")]
-    args.requests = 6 if args.quick else 16
-    logs = Path(tempfile.mkdtemp(prefix="vlmq-bench-"))
-    redis_server = start_redis()
-    env = {
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
+    args = parser.parse_args(argv)
+    args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    args.levels = [int(x) for x in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
+    args.requests = {"smoke": 2, "quick": 6, "full": 16}[args.mode]
+    return args
+
+
+def stack_env(args: argparse.Namespace) -> dict[str, str]:
+    return {
         "VLMQ_MODEL": args.model,
         "VLMQ_DECODE_CONCURRENCY": "2",
         "OMP_NUM_THREADS": str(args.threads),
@@ -411,22 +426,34 @@ def main() -> int:
         "VLMQ_VISIBILITY_TIMEOUT_S": "300",
         "VLMQ_WORKER_STALE_S": "10",
     }
-    stack = ServiceStack(redis_server.url, logs, extra_env=env, components=ALL)
+
+
+def run_servers(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    """Start Redis, the stack and the peer; measure every level; stop everything."""
+    redis_server = start_redis()
+    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
     peer = Peer(args.model, args.threads, logs / "transformers-serve.log")
     try:
         stack.start()
         peer.wait_ready()
-        measured = asyncio.run(measure(args, stack, peer))
+        return asyncio.run(measure(args, stack, peer))
     finally:
         peer.stop()
         stack.stop()
         redis_server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="vlmq-bench-"))
+    measured = run_servers(args, logs)
     ws_requests, ws_samples = measured["c1"]["vlmq-ws"]
     engine = engine_only(args.model, ws_requests, args.threads)
     peer_c1, vlmq_c1 = measured["c1"]["peer-openai"][1], measured["c1"]["vlmq-openai"][1]
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s) per server",
+        "mode": args.mode,
         "model": args.model,
         "max_tokens": MAX_TOKENS,
         "levels": args.levels,
@@ -440,10 +467,10 @@ def main() -> int:
         ),
         "logs": str(logs),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "service_bench_quick" if args.quick else "service_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "service_bench" + ("" if args.mode == "full" else f"_{args.mode}")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
