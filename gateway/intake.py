@@ -181,6 +181,8 @@ async def from_openai(
             "top_k": req.top_k or 0,
             "seed": req.seed,
             "stop": req.stop or [],
+            "min_tokens": req.min_tokens,
+            "ignore_eos": req.ignore_eos,
         },
     )
     check_max_tokens(options, settings)

@@ -49,6 +49,8 @@ def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> Sampli
         top_k=options.top_k,
         seed=seed,
         stop=options.stop,
+        min_tokens=options.min_tokens,
+        ignore_eos=options.ignore_eos,
     )
 
 
