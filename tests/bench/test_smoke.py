@@ -46,6 +46,10 @@ def test_service_bench_smoke(tmp_path: Path) -> None:
     assert all(r["summary"]["errors"] == 0 for r in result["runs"])
     assert result["overhead"]["overhead_p50"] is not None
     assert result["engine_agreement"]["identical"] == result["engine_agreement"]["compared"]
+    for run in result["runs"]:  # CPU per process kind, the forward's share, Redis growth
+        assert set(run["cost"]["cpu_ms"]) == {"gateway", "decode", "inference", "redis", "loadgen", "peer"}
+        assert "forward_cpu_ms" in run["cost"] and "redis_bytes_per_job" in run["cost"]
+    assert result["memory"]["jobs"] > 0 and result["memory"]["by_kind"]
     assert (tmp_path / "service_bench_smoke.md").exists()
 
 
