@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.metrics import BACKLOG_METRIC
+from gateway.metrics_redis import BACKLOG_METRIC
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.up import UpSettings
 from shared.config import CommonSettings, DecodeWorkerSettings, GatewaySettings, InferenceSettings
@@ -359,7 +359,8 @@ def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
     assert all(int(d["metadata"]["listLength"]) > 0 for d in decodes)
     (inference,) = keda_triggers(objs, deployment(objs, "inference")["metadata"]["name"])
     assert inference["type"] == "prometheus"
-    assert inference["metadata"]["query"] == f"sum({BACKLOG_METRIC})"
+    # every gateway pod reports the cluster's backlog: the max across pods, summed over streams
+    assert inference["metadata"]["query"] == f"sum(max by (stream) ({BACKLOG_METRIC}))"
     assert int(inference["metadata"]["threshold"]) > 0
     assert not set(inference["metadata"]) - TRIGGER_METADATA["prometheus"]
     auths = {a["metadata"]["name"]: a for a in of_kind(objs, "TriggerAuthentication")}
