@@ -47,6 +47,7 @@ class Engine:
         self.arch = Architecture(model, processor)
         self.prompts = PromptBuilder(self.arch, processor, self.config)
         self.eos_ids = frozenset(self.arch.eos_token_ids())
+        self._eos_order = tuple(sorted(self.eos_ids))
         max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
         self.scheduler = Scheduler(
             max_batch, self.config.batch_window_ms / 1000.0, self.config.priority_aging_s
@@ -370,7 +371,8 @@ class Engine:
         self._healthy = False
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        tokens = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs])
+        banned = [self._banned(s) for s in seqs]
+        tokens = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs], banned)
         now = time.monotonic()
         done: list[tuple[Sequence, str]] = []
         broken: list[tuple[Sequence, NonFiniteLogits]] = []
@@ -385,7 +387,7 @@ class Engine:
             seq.output_ids.append(tok)
             self._stats.generated_tokens += 1
             reason = self._check_finish(seq, tok)
-            text, stopped = seq.detok.step(seq.output_ids, final=reason is not None)
+            text, stopped = seq.detok.step(seq.output_ids, reason is not None, self._past_minimum(seq))
             if stopped:
                 reason = FinishReason.STOP
                 text += seq.detok.step(seq.output_ids, final=True)[0]
@@ -402,6 +404,17 @@ class Engine:
         self.runner.release([s for s, _ in broken], [False] * len(broken))
         for seq, exc in broken:
             self._fail(seq, exc)
+
+    def _banned(self, seq: Sequence) -> tuple[int, ...]:
+        """EOS may not be sampled before ``min_tokens`` (vLLM's rule; the tokens about to be added
+        count: a row with ``len(output_ids) == min_tokens`` may end)."""
+        short = len(seq.output_ids) < seq.request.sampling.min_tokens
+        return self._eos_order if short and not seq.request.sampling.ignore_eos else ()
+
+    @staticmethod
+    def _past_minimum(seq: Sequence) -> bool:
+        """Stop strings count only once the text is longer than ``min_tokens`` tokens (as in vLLM)."""
+        return len(seq.output_ids) > seq.request.sampling.min_tokens
 
     def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
         if tok in seq.eos_ids and not seq.request.sampling.ignore_eos:
