@@ -216,41 +216,32 @@ async def run_mode(
 
 # --- engine only ---
 def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[tuple[float, str]]:
-    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does),
-    with the servers' torch thread count."""
+    """Seconds and text of ``Engine.generate_sync`` per request (pixels made as the decode and
+    inference workers make them), with the servers' torch thread count."""
     import torch
 
     import services  # noqa: F401  (registers the processor)
     from services.engine import Engine, EngineConfig
-    from services.inference_worker.engine_request import build_request, image_input
+    from services.inference_worker.engine_request import build_request
     from services.vlm.image_processor import ImageProcessorHandle
-    from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
-    from shared.tensors import pack_tensors, unpack_tensors
-    from worker.imaging import decode_image
+    from tests.support.reference import decoded_image
 
     torch.set_num_threads(threads)
     engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
     engine.prewarm()
     engine.start()
     handle = ImageProcessorHandle.load(model)
-    settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
     out: list[tuple[float, str]] = []
     try:
         for req in [requests[0], *requests]:  # the first run warms up and is dropped
-            img = decode_image(
-                req.image, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft
-            )
-            tensors = unpack_tensors(pack_tensors(handle(img)))
             spec = JobSpec(
                 job_id=f"e{req.index}",
                 created_at=time.time(),
                 messages=[ChatTurn(role="user", text=req.question, image=True)],
                 sampling=SamplingSpec(max_tokens=MAX_TOKENS),
             )
-            request = build_request(
-                spec, f"engine-{len(out)}", image_input(tensors, hashlib.sha256(req.image).hexdigest())
-            )
+            request = build_request(spec, f"engine-{len(out)}", decoded_image(handle, req.image))
             start = time.perf_counter()
             events = engine.generate_sync(request, timeout_s=120)
             out.append((time.perf_counter() - start, "".join(e.text for e in events)))

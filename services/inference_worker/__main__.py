@@ -15,7 +15,7 @@ import sys
 from types import FrameType
 
 from services.engine import Engine
-from services.inference_worker.engine_setup import engine_config, tensor_processor_id
+from services.inference_worker.engine_setup import engine_config, pixel_processor
 from services.inference_worker.loop import InferenceWorker
 from shared.config import get_inference_settings
 from shared.redis_clients import sync_client
@@ -41,7 +41,7 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
-    worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))
+    worker = InferenceWorker(settings, engine, client, pixel_processor(engine, settings.model))
     install_signals(worker)
     engine.start()
     engine.prewarm()
