@@ -243,6 +243,11 @@ class InferenceSettings(CommonSettings):
         description="Python GIL switch interval: I/O threads (event writer, stream reader) wait at most "
         "this long for the engine thread (Python's default 5 ms delayed each token event)",
     )
+    torch_threads: int = Field(
+        0,
+        description="torch intra-op threads of the inference worker; 0: OMP_NUM_THREADS if set, else half "
+        "the CPUs (1 on a 2-core box, which the decode workers, gateway and Redis share)",
+    )
 
 
 @lru_cache
