@@ -91,13 +91,11 @@ class JobStore:
         return list(pipe.execute())
 
     def cancel_requested(self, job_ids: list[str]) -> list[str]:
-        """Those of ``job_ids`` whose cancel flag is set (one round trip)."""
+        """Those of ``job_ids`` whose cancel flag is set (one MGET: polled every 50 ms)."""
         if not job_ids:
             return []
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.exists(self.keys.job_cancel(job_id))
-        return [j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag]
+        flags = self.r.mget([self.keys.job_cancel(job_id) for job_id in job_ids])
+        return [j for j, flag in zip(job_ids, flags, strict=True) if flag is not None]
 
     def published_tokens(self, job_id: str) -> list[int]:
         """Token ids already in the job's event stream (earlier attempts), in index order."""
