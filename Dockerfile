@@ -47,6 +47,7 @@ COPY gateway gateway
 COPY worker worker
 COPY services services
 COPY docker/healthcheck.py docker/healthcheck.py
+COPY examples examples
 RUN python -m compileall -q shared gateway worker services docker
 USER vlmq
 EXPOSE 8000 5555
