@@ -172,7 +172,7 @@ class BatchDriver:
             message, param = validation_message(list(exc.errors()))
             raise APIError(400, message, param=param) from None
         sub = await from_openai(request, self.state.settings, None, no_cache=False)
-        accepted = await submit(self.state, sub.by(self._tenant(tenant)))
+        accepted = await submit(self.state, sub.by(self._tenant(tenant)), route="batch")
         return accepted.spec.job_id
 
     def _tenant(self, name: str | None) -> Tenant | None:

@@ -163,7 +163,7 @@ async def _job_submission(
 async def from_openai(
     req: ChatCompletionRequest, settings: GatewaySettings, affinity_key: str | None, no_cache: bool
 ) -> Submission:
-    """The request's messages become the job's conversation (one image per conversation)."""
+    """The request's messages become the job's conversation (text only, or one image)."""
     if req.model != settings.model_name:
         raise APIError(
             404,
@@ -221,8 +221,8 @@ def check_conversation_size(messages: list[ChatMessage], settings: GatewaySettin
 
 async def _openai_turns(
     messages: list[ChatMessage], settings: GatewaySettings
-) -> tuple[list[ChatTurn], CheckedImage]:
-    """Messages -> ChatTurns; exactly one (distinct) image, in a user turn."""
+) -> tuple[list[ChatTurn], CheckedImage | None]:
+    """Messages -> ChatTurns; at most one (distinct) image, in a user turn (none: text only)."""
     turns: list[ChatTurn] = []
     image: CheckedImage | None = None
     for i, message in enumerate(messages):
@@ -244,13 +244,6 @@ async def _openai_turns(
         _check_turn(turns[-1], settings)
     if turns[-1].role != "user":
         raise APIError(400, "messages: the last message must be from the user", param="messages")
-    if image is None:
-        raise APIError(
-            400,
-            "messages: an image is required (an image_url content part with a data: URL)",
-            param="messages",
-            code="image_required",
-        )
     return turns, image
 
 

@@ -233,7 +233,12 @@ class Engine:
             s.healthy = self._healthy
             s.caches = {c.name: c.stats() for c in self.runner.caches.all()}
             return EngineStats(
-                **{**s.__dict__, "batch_sizes": dict(s.batch_sizes), "finished": dict(s.finished)}
+                **{
+                    **s.__dict__,
+                    "batch_sizes": dict(s.batch_sizes),
+                    "prefill_sizes": dict(s.prefill_sizes),
+                    "finished": dict(s.finished),
+                }
             )
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -242,6 +247,7 @@ class Engine:
             if not self._healthy:  # a device error or too many failed steps: run nothing more
                 self._park()
                 continue
+            started = time.thread_time()
             with self._forward_lock:
                 batch = self.scheduler.schedule()
                 try:
@@ -250,6 +256,7 @@ class Engine:
                     log.exception("engine step failed")
                     self.runner.reset()
                     self._end_step([(seq, exc) for seq in self.scheduler.running], ran=False)
+            self._stats.step_cpu_s += time.thread_time() - started
 
     def _next_work(self) -> bool:
         """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""
@@ -281,7 +288,9 @@ class Engine:
         seqs = batch.prefill or batch.decode
         if not seqs:
             return
+        started = time.thread_time()
         logits, ran, failed = self._run(batch, seqs)
+        self._stats.forward_cpu_s += time.thread_time() - started
         self._stats.steps += 1
         self._end_step(failed, ran=bool(ran))
         if ran:
@@ -299,6 +308,8 @@ class Engine:
         """(logits, the sequences they belong to, the sequences the runner failed and why)."""
         if batch.prefill:
             self._stats.prefill_steps += 1
+            with self._cv:  # stats() copies these dicts under the same lock
+                self._stats.prefill_sizes[len(seqs)] = self._stats.prefill_sizes.get(len(seqs), 0) + 1
             return self._prefill_isolated(seqs)
         self._stats.decode_steps += 1
         with self._cv:  # stats() copies these dicts under the same lock

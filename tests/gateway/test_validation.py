@@ -135,8 +135,7 @@ async def test_body_too_large_declared_and_chunked(client: httpx.AsyncClient, ga
         ({"image": "IMG", "prompt": "x", "timeout_s": -5}, 422, "timeout_s", "timeout_s"),
         ({"image": "IMG", "prompt": "x", "session_id": "bad id!"}, 422, "session_id", "session_id"),
         ({"image": "IMG", "prompt": "x", "promt": "typo"}, 422, "promt", "promt"),
-        ({"prompt": "no image, no session"}, 400, "image: required", "image"),
-        ({"prompt": "unknown session", "session_id": "nope-123"}, 400, "session not found", "image"),
+        ({"prompt": "unknown session", "session_id": "nope-123"}, 404, "not found or expired", "session_id"),
     ],
 )
 async def test_bad_json_fields(

@@ -145,7 +145,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 async def session_hits(client: httpx.AsyncClient) -> float:
-    return metric((await client.get("/metrics")).text, "vlmq_engine_caches_session_hits")
+    return metric((await client.get("/metrics")).text, "vlmq_cache_hits_total", cache="session")
 
 
 async def test_two_turn_session_uses_session_cache(
@@ -234,8 +234,8 @@ async def test_ready_and_metrics(client: httpx.AsyncClient, service_stack: Servi
     assert ready.status_code == 200, ready.text
     text = (await client.get("/metrics")).text
     assert metric(text, "vlmq_jobs_total", outcome="done") > 0
-    assert metric(text, "vlmq_stage_seconds_count", stage="ttft") > 0
-    assert "vlmq_queue_depth{" in text and "vlmq_batch_size_bucket" in text
+    assert metric(text, "vlmq_time_to_first_token_seconds_count") > 0
+    assert "vlmq_queue_depth{" in text and "vlmq_engine_batch_size_bucket" in text
     assert metric(text, "vlmq_workers_alive") == 1
 
 

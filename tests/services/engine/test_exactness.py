@@ -134,6 +134,26 @@ def test_session_turns_cached_vs_recompute(bundled, make_engine, bundled_tie_tol
     assert engine.stats().caches["session"].hits == 2
 
 
+def test_text_only_session_turns_match_reference(bundled, make_engine, bundled_tie_tol):
+    """No image anywhere: prefix and session caches, then a batch mixing text-only and image rows."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    msgs: list[dict[str, Any]] = []
+    for turn, q in enumerate(["What can you see?", "And the colour?", "Where?"]):
+        msgs = [*msgs, user(q, image=False)]
+        req = GenerationRequest(f"t{turn}", msgs, [], SamplingParams(max_tokens=10), session_id="text-1")
+        events = engine.generate_sync(req)
+        check(events, model, proc, req, [], bundled_tie_tol)
+        usage = _usage(events)
+        assert usage.cached_tokens >= (usage.prompt_tokens - 20 if turn else 50), usage
+        answer = "".join(e.text for e in events)
+        msgs = [*msgs, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    mixed = [_req(proc, 1)[0], GenerationRequest("t-mixed", msgs, [], SamplingParams(max_tokens=10))]
+    out = run_all(engine, mixed)
+    check(out["t-mixed"], model, proc, mixed[1], [], bundled_tie_tol)
+    assert engine.stats().caches["session"].hits == 2
+
+
 def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
     model, proc = bundled
     engine = make_engine(model, proc)
