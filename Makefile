@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .  # the project itself: the `vlmq` command
 	touch $(STAMP)
 
 up: venv
@@ -31,7 +32,7 @@ test-compose: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker
+	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker vlmq_cli
 	$(BIN)/lint-imports
 
 bench: bench-engine bench-service bench-scale bench-priority
