@@ -7,8 +7,9 @@ tenant ``web`` (interactive) and tenant ``bulk`` (batch priority). Phases, in on
 
 1. unloaded: ``web`` sends N jobs one after another (multipart JPEG, 16 tokens, no result
    cache) and records each one's end-to-end latency (submit -> terminal job record);
-2. flood: ``bulk`` submits F jobs as fast as it can, then ``web`` sends the same N jobs again
-   while the flood is queued; every batch job is then waited for;
+2. flood: ``bulk`` runs 32 closed loops (submit, wait for the end, submit again), a standing
+   backlog of 32 batch jobs, while ``web`` sends the same N jobs again; the loops stop when
+   ``web`` is done and every batch job they started is waited for;
 3. control: as 2, but the flood comes from a third key of ``interactive`` priority, to show
    what the priorities buy.
 
@@ -46,6 +47,7 @@ KEYS_FILE = (
 )
 ENV = {"VLMQ_DECODE_CONCURRENCY": "1", "OMP_NUM_THREADS": "1", "VLMQ_LOG_LEVEL": "WARNING"}
 TERMINAL = {"done", "failed", "cancelled"}
+FLOODERS = 32  # concurrent batch clients: the backlog the interactive tenant has to pass
 
 
 async def submit(client: httpx.AsyncClient, tenant: str, request: BenchRequest) -> str:
@@ -79,31 +81,37 @@ async def interactive(client: httpx.AsyncClient, requests: list[BenchRequest]) -
     return latencies
 
 
-async def flood(client: httpx.AsyncClient, tenant: str, requests: list[BenchRequest]) -> list[str]:
-    """Submit every request at once (16 submitters); the job ids."""
-    queue = list(requests)
-    ids: list[str] = []
+async def flood(
+    client: httpx.AsyncClient, tenant: str, requests: list[BenchRequest], stop: asyncio.Event
+) -> list[str]:
+    """FLOODERS closed loops (submit, wait for the end, again) until ``stop``: a standing backlog."""
+    statuses: list[str] = []
 
-    async def submitter() -> None:
-        while queue:
-            ids.append(await submit(client, tenant, queue.pop()))
+    async def flooder(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            job_id = await submit(client, tenant, requests[i % len(requests)])
+            statuses.append(await wait_terminal(client, tenant, job_id, poll_s=1.0))  # cheap for the gateway
+            i += FLOODERS
 
-    await asyncio.gather(*(submitter() for _ in range(16)))
-    return ids
+    await asyncio.gather(*(flooder(k) for k in range(FLOODERS)))
+    return statuses
 
 
 async def flooded(
     client: httpx.AsyncClient, tenant: str, web: list[BenchRequest], bulk: list[BenchRequest]
 ) -> dict[str, Any]:
-    started = time.perf_counter()
-    ids = await flood(client, tenant, bulk)
+    started, stop = time.perf_counter(), asyncio.Event()
+    flooding = asyncio.create_task(flood(client, tenant, bulk, stop))
+    await asyncio.sleep(2.0)  # the backlog builds up first
     latencies = await interactive(client, web)
-    statuses = await asyncio.gather(*(wait_terminal(client, tenant, i, poll_s=0.2) for i in ids))
+    stop.set()
+    statuses = await flooding
     return {
         "flood_tenant": tenant,
         "web_p50_s": pct(latencies, 50),
         "web_p90_s": pct(latencies, 90),
-        "flood_jobs": len(ids),
+        "flood_jobs": len(statuses),
         "flood_done": sum(s == "done" for s in statuses),
         "wall_s": time.perf_counter() - started,
     }
@@ -128,7 +136,7 @@ def run(web_n: int, flood_n: int) -> dict[str, Any]:
     redis_server = start_redis()
     keys_file = Path(tempfile.mkdtemp(prefix="vlmq-prio-")) / "keys"
     keys_file.write_text(KEYS_FILE)
-    env = {**ENV, "VLMQ_API_KEYS_FILE": str(keys_file), "VLMQ_MAX_QUEUE_DEPTH": str(4 * flood_n)}
+    env = {**ENV, "VLMQ_API_KEYS_FILE": str(keys_file), "VLMQ_MAX_QUEUE_DEPTH": str(4 * FLOODERS)}
     stack = ServiceStack(redis_server.url, keys_file.parent, extra_env=env)
     try:
         stack.start(timeout_s=180)
@@ -154,9 +162,9 @@ def report(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="10 interactive jobs, a flood of 60")
+    parser.add_argument("--quick", action="store_true", help="10 interactive jobs instead of 40")
     args = parser.parse_args()
-    web_n, flood_n = (10, 60) if args.quick else (30, 300)
+    web_n, flood_n = (10, 64) if args.quick else (40, 64)
     result = run(web_n, flood_n)
     table = report(result)
     print(table)
