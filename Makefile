@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-compose lint bench bench-smoke bench-engine bench-service bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
+.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ test: venv
 # make up under SIGKILLs of every worker kind and a Redis restart (<= 8 min); CI runs it
 test-chaos: venv
 	$(BIN)/python -m scripts.run_tests tests/chaos -m chaos -s
+
+# the web page in headless Chromium against the real stack (<= 5 min; needs Debian's chromium and
+# chromium-driver, which .ci/run installs); screenshots and axe reports under .artifacts/browser/
+test-browser: venv
+	$(BIN)/python -m scripts.run_tests tests/browser -m browser $(ARGS)
 
 # docker-compose.yml for real (needs Docker + Compose v2: ../shared/docker/setup.sh); not in `make test`
 test-compose: venv
