@@ -34,10 +34,10 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 AXE_VERSION = "4.14.1"
 AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
 KEY = "browser-test-key"
+BUSY_KEY = "busy-browser-key"  # one job at a time: a question while another job runs is refused (429)
 FLOWER_URL = "http://127.0.0.1:5555/"
 LONG_ANSWER = 1500  # tokens: several seconds of generating, time enough to press Stop
 STACK_ENV = {
-    "VLMQ_API_KEYS": KEY,
     "VLMQ_FLOWER_URL": FLOWER_URL,
     "VLMQ_MAX_TOKENS_LIMIT": str(LONG_ANSWER),
     "VLMQ_MAX_IMAGE_BYTES": "1000000",  # a "too large" upload stays small
@@ -46,7 +46,10 @@ STACK_ENV = {
 
 @pytest.fixture(scope="session")
 def web_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
-    stack = ServiceStack(redis_url, tmp_path_factory.mktemp("web-stack"), extra_env=STACK_ENV)
+    logs = tmp_path_factory.mktemp("web-stack")
+    keys = logs / "api-keys"
+    keys.write_text(f"{KEY} tenant=web admin\n{BUSY_KEY} tenant=busy concurrency=1\n")
+    stack = ServiceStack(redis_url, logs, extra_env={**STACK_ENV, "VLMQ_API_KEYS_FILE": str(keys)})
     with running(stack):
         yield stack
 
@@ -139,8 +142,8 @@ class Page:
         job_id = turn.get_attribute("data-job-id")
         return JobRecord.from_hash(self.stack.redis.hgetall(self.stack.keys.job(str(job_id)))).spec
 
-    def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {KEY}"}
+    def api(self, method: str, path: str, key: str = KEY, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"}
         return httpx.request(method, f"{self.stack.base_url}{path}", headers=headers, timeout=30, **kwargs)
 
     def axe(self, state: str) -> list[dict[str, Any]]:

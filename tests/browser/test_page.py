@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.browser.conftest import EXAMPLES, FLOWER_URL, KEY, LONG_ANSWER, Page
+from tests.browser.conftest import BUSY_KEY, EXAMPLES, FLOWER_URL, KEY, LONG_ANSWER, Page
 from tests.support.reference import Reference
 
 pytestmark = pytest.mark.browser
@@ -145,6 +145,22 @@ def test_a_refused_upload_shows_the_servers_message(
     assert server.status_code in (413, 415)
     assert alert.text == f"{kind}: {server.json()['error']['message']}"
     assert page.all("#thread .turn") == [] and page.el("#question").get_attribute("value") == "What is it?"
+
+
+def test_over_its_limit_the_page_says_the_service_is_busy(page: Page) -> None:
+    page.open(key=BUSY_KEY).choose_example("shapes.png")
+    files = {"image": ("shapes.png", (EXAMPLES / "shapes.png").read_bytes(), "image/png")}
+    long = {"prompt": "How many shapes are there?", "max_tokens": LONG_ANSWER, "min_tokens": LONG_ANSWER}
+    held = page.api("POST", "/v1/jobs", key=BUSY_KEY, data=long, files=files)  # the key's one job
+    assert held.status_code == 202, held.text
+    page.ask("Where is the square?")
+    alert = page.wait(lambda: page.el("#error").is_displayed() and page.el("#error"), "the error")
+    server = page.api("POST", "/v1/jobs", key=BUSY_KEY, data={"prompt": "Where is the square?"}, files=files)
+    page.api("DELETE", f"/v1/jobs/{held.json()['id']}", key=BUSY_KEY)
+    assert server.status_code == 429
+    message = server.json()["error"]["message"]
+    assert alert.text.startswith("The service is busy") and alert.text.endswith(f": {message}"), alert.text
+    assert page.all("#thread .turn") == []  # the refused question left no turn behind
 
 
 def test_status_view_shows_the_worker_and_links_flower(page: Page) -> None:
