@@ -178,6 +178,9 @@ class GatewaySettings(CommonSettings):
     docs: bool | None = Field(
         None, description="Serve /docs and /openapi.json (default: in development only)"
     )
+    flower_url: str = Field(
+        "", description="Flower's address, linked from the web page's status view (empty: no link)"
+    )
 
     @model_validator(mode="after")
     def _production_needs_keys(self) -> Self:
