@@ -56,7 +56,7 @@ from tests.deploy.manifests import (
 K8S_VERSION = "1.31"
 KEDA_CRDS = K8S / "schemas" / "keda"
 SETTINGS_CLASSES = (CommonSettings, GatewaySettings, DecodeWorkerSettings, InferenceSettings)
-NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT"}  # set by the manifests, never the ConfigMap
+NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT", "VLMQ_METRICS_PORT"}  # set by the manifests
 WORKERS = ("decode", "inference")
 APPS = ("gateway", *WORKERS, "flower")
 
