@@ -3,7 +3,8 @@
 Every check that can refuse a request (intake validation, admission: 429 when the queues are
 full) runs before the first write, so a refused request leaves nothing behind in Redis. Order of
 the writes: image + job record (one MULTI) -> decode task + conversation (a second MULTI: the
-task is an LPUSH onto the Celery queue, see ``gateway.decode_queue``). An enqueue failure (503)
+task is an LPUSH onto the Celery queue, see ``shared.decode_task``; a text-only job has nothing
+to decode and is handed to inference instead, ``gateway.handoff``). An enqueue failure (503)
 therefore leaves the conversation untouched; the job stays, ``failed`` with
 ``error_code=queue_unavailable`` (a client polling it gets the reason), and the image bytes
 expire with their TTL.
@@ -27,6 +28,7 @@ import redis.asyncio as aioredis
 
 from gateway.admission import admit
 from gateway.errors import APIError
+from gateway.handoff import inference_stream, queue_handoff
 from gateway.intake import Submission
 from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
@@ -34,6 +36,7 @@ from gateway.quotas import charge
 from gateway.state import GatewayState
 from shared import conversations, result_cache
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
+from shared.jobs.routing import needs_decoding
 from shared.redis_clients import NotReplicated, ReplicatedPipeline
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus, StageTimings
 
@@ -76,8 +79,8 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
         await _write(state, job, None, conversation=False)
     except NotReplicated as exc:
         raise await _not_replicated(state, spec.job_id, exc) from exc
-    await _enqueue(state, job)
-    return Accepted(spec, JobStatus.QUEUED)
+    status = await _enqueue(state, job)
+    return Accepted(spec, status)
 
 
 async def _write(
@@ -91,25 +94,32 @@ async def _write(
         await pipe.execute()
 
 
-async def _enqueue(state: GatewayState, job: PreparedJob) -> None:
-    """Decode task and conversation in one MULTI: a refused LPUSH aborts both (EXECABORT)."""
+async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
+    """Decode task (or, text only, the hand-over to inference) and conversation in one MULTI: a
+    refused LPUSH aborts both (EXECABORT). Returns the job's status after it."""
     spec = job.spec
     try:
+        stream = None if needs_decoding(spec) else await inference_stream(state, spec)
         async with _pipeline(state, replicated=True) as pipe:
-            state.decode.push(pipe, spec.job_id, spec.priority)
+            if stream is None:
+                state.decode.push(pipe, spec.job_id, spec.priority)
+            else:
+                queue_handoff(pipe, state, spec, stream)
             _write_conversation(pipe, state, job)
-            await pipe.execute()
+            replies = await pipe.execute()
     except NotReplicated as exc:
         raise await _not_replicated(state, spec.job_id, exc) from exc
     except Exception as exc:  # broker down: the job must not stay queued forever
-        log.exception("decode enqueue failed for %s", spec.job_id)
-        await fail_job(state, spec.job_id, f"could not enqueue the decode task: {exc}")
+        log.exception("enqueue failed for %s", spec.job_id)
+        await fail_job(state, spec.job_id, f"could not enqueue the job: {exc}")
         raise APIError(
             503,
             "decode queue unavailable, retry shortly",
             code="queue_unavailable",
             headers={"Retry-After": "1"},
         ) from exc
+    handed_over = stream is not None and replies[0] == 1  # 0: cancelled meanwhile
+    return JobStatus.WAITING if handed_over else JobStatus.QUEUED
 
 
 def _pipeline(state: GatewayState, replicated: bool) -> aioredis.client.Pipeline:

@@ -67,11 +67,14 @@ def parse_turns(raw: str | None) -> list[ChatTurn]:
         return []
 
 
-def new_conversation_fields(image_digest: str, image_format: str, system: str | None) -> dict[str, str]:
+def new_conversation_fields(
+    image_digest: str | None, image_format: str | None, system: str | None
+) -> dict[str, str]:
+    """A new conversation's hash: about one image, or (no digest) text only."""
     turns = [ChatTurn(role="system", text=system)] if system else []
     return {
-        "image_digest": image_digest,
-        "image_format": image_format,
+        "image_digest": image_digest or "",
+        "image_format": image_format or "",
         "messages": json.dumps([t.model_dump() for t in turns]),
         "updated_at": str(time.time()),
     }

@@ -163,7 +163,7 @@ async def _job_submission(
 async def from_openai(
     req: ChatCompletionRequest, settings: GatewaySettings, affinity_key: str | None, no_cache: bool
 ) -> Submission:
-    """The request's messages become the job's conversation (one image per conversation)."""
+    """The request's messages become the job's conversation (text only, or one image)."""
     if req.model != settings.model_name:
         raise APIError(
             404,
@@ -181,6 +181,8 @@ async def from_openai(
             "top_k": req.top_k or 0,
             "seed": req.seed,
             "stop": req.stop or [],
+            "min_tokens": req.min_tokens,
+            "ignore_eos": req.ignore_eos,
         },
     )
     check_max_tokens(options, settings)
@@ -219,8 +221,8 @@ def check_conversation_size(messages: list[ChatMessage], settings: GatewaySettin
 
 async def _openai_turns(
     messages: list[ChatMessage], settings: GatewaySettings
-) -> tuple[list[ChatTurn], CheckedImage]:
-    """Messages -> ChatTurns; exactly one (distinct) image, in a user turn."""
+) -> tuple[list[ChatTurn], CheckedImage | None]:
+    """Messages -> ChatTurns; at most one (distinct) image, in a user turn (none: text only)."""
     turns: list[ChatTurn] = []
     image: CheckedImage | None = None
     for i, message in enumerate(messages):
@@ -242,13 +244,6 @@ async def _openai_turns(
         _check_turn(turns[-1], settings)
     if turns[-1].role != "user":
         raise APIError(400, "messages: the last message must be from the user", param="messages")
-    if image is None:
-        raise APIError(
-            400,
-            "messages: an image is required (an image_url content part with a data: URL)",
-            param="messages",
-            code="image_required",
-        )
     return turns, image
 
 

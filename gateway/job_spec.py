@@ -2,8 +2,9 @@
 
 A ``NextTurn`` continues (or starts) a stored conversation: the job's messages are the stored
 turns plus the new question, about the conversation's image unless a new one is sent (a new
-image starts the conversation over). A ``WholeConversation`` (OpenAI) is taken as sent. Nothing
-is written here (``gateway.accept`` does that).
+image starts the conversation over). A conversation may have no image at all (text only). A
+``WholeConversation`` (OpenAI) is taken as sent. Nothing is written here (``gateway.accept``
+does that).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> Sampli
         top_k=options.top_k,
         seed=seed,
         stop=options.stop,
+        min_tokens=options.min_tokens,
+        ignore_eos=options.ignore_eos,
     )
 
 
@@ -74,9 +77,11 @@ async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
         conversation = await load_conversation(state.redis, state.keys, sub.ask.conversation_id, spec.tenant)
     spec.conversation_id = sub.ask.conversation_id or new_id()
     spec.affinity_key = affinity_key(spec.tenant, spec.conversation_id)
-    if sub.image is None:
-        return await _about_conversation_image(state, spec, sub.ask, conversation)
-    return _with_new_image(spec, sub.ask, conversation, sub.image)
+    if sub.image is not None:
+        return _with_new_image(spec, sub.ask, conversation, sub.image)
+    if conversation is None:
+        return _new_conversation(spec, sub.ask, None)
+    return await _continue_conversation(state, spec, sub.ask, conversation)
 
 
 def priority(sub: Submission) -> Priority:
@@ -101,24 +106,20 @@ def _whole_conversation(spec: JobSpec, ask: WholeConversation, image: CheckedIma
     return PreparedJob(spec=spec, image=image)
 
 
-async def _about_conversation_image(
-    state: GatewayState, spec: JobSpec, ask: NextTurn, conversation: Conversation | None
+async def _continue_conversation(
+    state: GatewayState, spec: JobSpec, ask: NextTurn, conversation: Conversation
 ) -> PreparedJob:
-    """No upload: ask about the conversation's image, after its turns."""
-    if conversation is None or not conversation.image_digest:
-        hint = "session not found or expired" if ask.conversation_id else "no session_id given"
-        raise APIError(
-            400,
-            f"image: required ({hint}); attach an image, or name a session that has one",
-            param="image",
-            code="image_required",
-        )
+    """No upload: the next question in the conversation, about its image if it has one."""
     _check_system(ask, conversation)
-    if not await state.redis.exists(state.keys.image(conversation.image_digest)):
-        raise APIError(
-            400, "image: the session's image has expired; send it again", param="image", code="image_expired"
-        )
-    spec.image_digest, spec.image_format = conversation.image_digest, conversation.image_format
+    if conversation.image_digest:
+        if not await state.redis.exists(state.keys.image(conversation.image_digest)):
+            raise APIError(
+                400,
+                "image: the session's image has expired; send it again",
+                param="image",
+                code="image_expired",
+            )
+        spec.image_digest, spec.image_format = conversation.image_digest, conversation.image_format
     spec.messages = [*conversation.messages, _question(ask, conversation)]
     return PreparedJob(spec=spec, touch_conversation=True)
 
@@ -133,15 +134,30 @@ def _with_new_image(
         spec.messages = [*conversation.messages, _question(ask, conversation)]
         return PreparedJob(spec=spec, image=image, touch_conversation=True)
     # A new conversation, or a new image in one: the conversation starts over about it.
+    return _new_conversation(spec, ask, image)
+
+
+def _new_conversation(spec: JobSpec, ask: NextTurn, image: CheckedImage | None) -> PreparedJob:
+    """The first question of a conversation: about ``image``, or text only."""
+    if image is None and ask.conversation_id:
+        raise APIError(
+            404,
+            f"session {ask.conversation_id!r} not found or expired; omit session_id to start a new "
+            "conversation (with an image or without)",
+            param="session_id",
+            code="session_not_found",
+        )
     system = [ChatTurn(role="system", text=ask.system)] if ask.system else []
-    spec.messages = [*system, ChatTurn(role="user", text=ask.prompt, image=True)]
-    fields = new_conversation_fields(image.info.digest, image.info.format, ask.system)
+    spec.messages = [*system, ChatTurn(role="user", text=ask.prompt, image=image is not None)]
+    digest, image_format = (image.info.digest, image.info.format) if image else (None, None)
+    fields = new_conversation_fields(digest, image_format, ask.system)
     return PreparedJob(spec=spec, image=image, conversation_fields=fields)
 
 
 def _question(ask: NextTurn, conversation: Conversation) -> ChatTurn:
-    """The new user turn; it carries the image when no earlier turn does."""
-    return ChatTurn(role="user", text=ask.prompt, image=not any(t.image for t in conversation.messages))
+    """The new user turn; it carries the conversation's image when no earlier turn does."""
+    carries = bool(conversation.image_digest) and not any(t.image for t in conversation.messages)
+    return ChatTurn(role="user", text=ask.prompt, image=carries)
 
 
 def _check_system(ask: NextTurn, conversation: Conversation) -> None:

@@ -96,8 +96,11 @@ class CommonSettings(BaseSettings):
     @model_validator(mode="after")
     def _production_secrets(self) -> Self:
         password = urlsplit(self.redis_url.split(";")[0]).password
-        if self.env == "production" and password in KNOWN_DEFAULTS:
-            raise ValueError("the Redis password is a known default: set VLMQ_REDIS_PASSWORD / the URL's own")
+        if self.env == "production" and (not password or password in KNOWN_DEFAULTS):
+            raise ValueError(
+                "VLMQ_ENV=production needs a Redis password of your own in VLMQ_REDIS_URL "
+                "(missing or a known default)"
+            )
         return self
 
     @model_validator(mode="after")

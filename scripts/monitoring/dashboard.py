@@ -114,9 +114,32 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 ],
             ),
             Panel(
-                "Batch size (mean sequences per decode step)",
+                "Batch size (mean sequences per step)",
                 "short",
-                [(mean("vlmq_engine_batch_size", by="worker", selector=f"{{{WORKER}}}"), "{{worker}}")],
+                [
+                    (
+                        mean("vlmq_engine_batch_size", by="worker", selector=f"{{{WORKER}}}"),
+                        "{{worker}} decode",
+                    ),
+                    (
+                        mean("vlmq_engine_prefill_batch_size", by="worker", selector=f"{{{WORKER}}}"),
+                        "{{worker}} prefill",
+                    ),
+                ],
+            ),
+            Panel(
+                "Engine thread CPU",
+                "percentunit",
+                [
+                    per_worker(
+                        f"rate(vlmq_engine_step_cpu_seconds_total{{{WORKER}}}[{RATE}])", "{{worker}} steps"
+                    ),
+                    per_worker(
+                        f"rate(vlmq_engine_forward_cpu_seconds_total{{{WORKER}}}[{RATE}])",
+                        "{{worker}} forwards",
+                    ),
+                ],
+                "CPU seconds per second of the engine thread: whole steps, and the model's forwards in them",
             ),
             Panel(
                 "Sequences running and waiting",

@@ -4,6 +4,9 @@ with a per-request seeded generator, so a sampled answer does not depend on what
 A row whose numbers are not finite (NaN or inf in the model's logits, or after temperature, top-k or
 top-p) gets a ``NonFiniteLogits`` instead of a token: that sequence fails, the other rows are sampled
 as if it were not there.
+
+A row may ban tokens (``banned``: its EOS ids while it is short of ``min_tokens``): they get -inf after
+the finiteness checks, so a ban is "never this token", not a fault.
 """
 
 from __future__ import annotations
@@ -25,25 +28,42 @@ def is_greedy(p: SamplingParams) -> bool:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    gens: list[torch.Generator | None],
+    banned: list[tuple[int, ...]] | None = None,
 ) -> list[int | NonFiniteLogits]:
     """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits``."""
+    bans = banned or [()] * len(params)
     finite = torch.isfinite(logits).all(dim=-1).tolist()
-    out: list[int | NonFiniteLogits] = list(logits.argmax(dim=-1).tolist())
+    out: list[int | NonFiniteLogits] = list(_without(logits, bans).argmax(dim=-1).tolist())
     for i, p in enumerate(params):
         if not finite[i]:
             out[i] = NonFiniteLogits(f"non-finite logits from the model ({_what(logits[i])})")
         elif not is_greedy(p):
-            out[i] = _sample_row(logits[i], p, gens[i])
+            out[i] = _sample_row(logits[i], p, gens[i], bans[i])
     return out
 
 
+def _without(logits: torch.Tensor, bans: list[tuple[int, ...]]) -> torch.Tensor:
+    """``logits`` with each row's banned tokens at -inf (a copy; the same tensor when none is banned)."""
+    if not any(bans):
+        return logits
+    masked = logits.clone()
+    for i, ban in enumerate(bans):
+        if ban:
+            masked[i, list(ban)] = float("-inf")
+    return masked
+
+
 def _sample_row(
-    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None
+    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, ban: tuple[int, ...] = ()
 ) -> int | NonFiniteLogits:
     scores = logits.cpu() / p.temperature
     if not torch.isfinite(scores).all():
         return NonFiniteLogits(f"non-finite scores after temperature {p.temperature:g} ({_what(scores)})")
+    if ban:
+        scores[list(ban)] = float("-inf")
     if 0 < p.top_k < scores.numel():
         kth = torch.topk(scores, p.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))  # -inf: "never", not a fault

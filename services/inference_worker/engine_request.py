@@ -31,6 +31,8 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
         top_k=spec.top_k,
         seed=spec.seed,
         stop=tuple(spec.stop),
+        min_tokens=spec.min_tokens,
+        ignore_eos=spec.ignore_eos,
     )
 
 

@@ -56,7 +56,7 @@ from tests.deploy.manifests import (
 K8S_VERSION = "1.31"
 KEDA_CRDS = K8S / "schemas" / "keda"
 SETTINGS_CLASSES = (CommonSettings, GatewaySettings, DecodeWorkerSettings, InferenceSettings)
-NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT", "VLMQ_METRICS_PORT"}  # set by the manifests
+NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT"}  # set by the manifests, never the ConfigMap
 WORKERS = ("decode", "inference")
 APPS = ("gateway", *WORKERS, "flower")
 
@@ -183,6 +183,10 @@ def test_secret_refs_are_documented(build: str) -> None:
             if ref is not None:
                 assert ref["name"] == SECRET, ref
                 refs.add(ref["key"])
+            volume = node.get("secret")
+            if isinstance(volume, dict) and "secretName" in volume:
+                assert volume["secretName"] == SECRET, volume
+                refs.update(item["key"] for item in volume["items"])
         for ref in obj["spec"].get("secretTargetRef", []) if obj["kind"] == "TriggerAuthentication" else []:
             assert ref["name"] == SECRET, ref
             refs.add(ref["key"])
@@ -289,6 +293,9 @@ def test_configmap_holds_real_settings(build: str, monkeypatch: pytest.MonkeyPat
             monkeypatch.delenv(name)
     for key, value in data.items():
         monkeypatch.setenv(key, value)
+    # What the Deployments add from the Secret (production refuses to start without them).
+    monkeypatch.setenv("VLMQ_REDIS_URL", "redis://:from-the-secret@vlmq-redis:6379/0")
+    monkeypatch.setenv("VLMQ_API_KEYS_FILE", "/etc/vlmq/keys/api-keys")
     for cls in SETTINGS_CLASSES:
         cls(_env_file=None)  # raises on a value its field refuses
 

@@ -21,11 +21,11 @@ from scripts.monitoring.alerts import rule_groups
 from tests.deploy.manifests import (
     K8S,
     deployment,
-    env_entries,
     keda_triggers,
     main_container,
     render,
     selects,
+    settings,
 )
 from tests.support.stack import ServiceStack
 
@@ -77,12 +77,13 @@ def test_rule_files_agree_and_name_their_alerts() -> None:
 def test_podmonitor_scrapes_the_gateways_metrics_port() -> None:
     (monitor,) = [o for o in render("monitoring") if o["kind"] == "PodMonitor"]
     for build in ("overlays/cpu", "overlays/gpu"):
-        gateway = deployment(render(build), "gateway")
+        objs = render(build)
+        gateway = deployment(objs, "gateway")
         assert selects(monitor["spec"]["selector"], gateway["spec"]["template"]["metadata"]["labels"])
         container = main_container(gateway)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-        assert ports[endpoint["port"]] == int(env_entries(container)["VLMQ_METRICS_PORT"]["value"])
+        assert ports[endpoint["port"]] == int(settings(objs)["VLMQ_METRICS_PORT"])
         assert endpoint["path"] == "/metrics"
 
 

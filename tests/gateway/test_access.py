@@ -125,7 +125,7 @@ def test_tenants_cannot_see_each_others_objects(keyed: ServiceStack) -> None:
         assert client.get("/v1/sessions/shared-name", headers=A).status_code == 200
         # B's own "shared-name" is another conversation: A's image and turns stay A's
         follow_up = client.post("/v1/jobs", data={"prompt": "Size?", "session_id": "shared-name"}, headers=B)
-        assert follow_up.status_code == 400 and follow_up.json()["error"]["code"] == "image_required"
+        assert follow_up.status_code == 404 and follow_up.json()["error"]["code"] == "session_not_found"
         assert client.get("/v1/sessions/shared-name", headers=A).json()["image_digest"]
 
 

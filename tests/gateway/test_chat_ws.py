@@ -53,9 +53,9 @@ async def test_two_turns_in_one_connection(gateway: ServiceStack, r: redis.Redis
 
 async def test_errors_keep_connection_open(gateway: ServiceStack) -> None:
     async with connect(f"{gateway.ws_url}/v1/chat/ws") as ws:
-        await ws.send(json.dumps({"prompt": "Colour?"}))
+        await ws.send(json.dumps({"prompt": "Colour?", "session_id": "no-such-session"}))
         error = json.loads(await ws.recv())
-        assert error["type"] == "error" and error["status"] == 400 and "image" in error["error"]
+        assert error["type"] == "error" and error["status"] == 404 and "not found" in error["error"]
         await ws.send(json.dumps({"prompt": "Colour?", "image": "data:image/jpeg;base64,!!"}))
         assert json.loads(await ws.recv())["status"] == 400
         await ws.send(json.dumps({"image": DATA_URL}))

@@ -123,11 +123,19 @@ async def test_body_too_large_declared_and_chunked(client: httpx.AsyncClient, ga
         ({"image": "IMG", "prompt": "x", "max_tokens": 0}, 422, "max_tokens", "max_tokens"),
         ({"image": "IMG", "prompt": "x", "max_tokens": 100000}, 422, "at most", "max_tokens"),
         ({"image": "IMG", "prompt": "x", "top_p": 0}, 422, "top_p", "top_p"),
+        ({"image": "IMG", "prompt": "x", "min_tokens": -1}, 422, "min_tokens", "min_tokens"),
+        (
+            {"image": "IMG", "prompt": "x", "max_tokens": 8, "min_tokens": 9},
+            422,
+            "at most max_tokens (8)",
+            "min_tokens",
+        ),
+        ({"image": "IMG", "prompt": "x", "min_tokens": 65}, 422, "at most max_tokens (64)", "min_tokens"),
+        ({"image": "IMG", "prompt": "x", "ignore_eos": "sometimes"}, 422, "ignore_eos", "ignore_eos"),
         ({"image": "IMG", "prompt": "x", "timeout_s": -5}, 422, "timeout_s", "timeout_s"),
         ({"image": "IMG", "prompt": "x", "session_id": "bad id!"}, 422, "session_id", "session_id"),
         ({"image": "IMG", "prompt": "x", "promt": "typo"}, 422, "promt", "promt"),
-        ({"prompt": "no image, no session"}, 400, "image: required", "image"),
-        ({"prompt": "unknown session", "session_id": "nope-123"}, 400, "session not found", "image"),
+        ({"prompt": "unknown session", "session_id": "nope-123"}, 404, "not found or expired", "session_id"),
     ],
 )
 async def test_bad_json_fields(

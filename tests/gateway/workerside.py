@@ -31,6 +31,12 @@ def decode_tasks(r: redis.Redis, prefix: str) -> list[str]:
     return ids
 
 
+def stream_jobs(r: redis.Redis, stream: str) -> list[str]:
+    """Job ids of the entries in an inference stream (text-only jobs skip the decode queue)."""
+    entries: Any = r.xrange(stream)
+    return [fields[b"job_id"].decode() for _, fields in entries]
+
+
 def set_status(r: redis.Redis, keys: Keys, job_id: str, status: JobStatus, attempt: int = 1) -> bool:
     args = status_args(status, time.time(), 3600, attempt)
     return bool(r.eval(SET_STATUS_LUA, 4, *job_keys(keys, job_id), *args))

@@ -134,6 +134,26 @@ def test_session_turns_cached_vs_recompute(bundled, make_engine, bundled_tie_tol
     assert engine.stats().caches["session"].hits == 2
 
 
+def test_text_only_session_turns_match_reference(bundled, make_engine, bundled_tie_tol):
+    """No image anywhere: prefix and session caches, then a batch mixing text-only and image rows."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    msgs: list[dict[str, Any]] = []
+    for turn, q in enumerate(["What can you see?", "And the colour?", "Where?"]):
+        msgs = [*msgs, user(q, image=False)]
+        req = GenerationRequest(f"t{turn}", msgs, [], SamplingParams(max_tokens=10), session_id="text-1")
+        events = engine.generate_sync(req)
+        check(events, model, proc, req, [], bundled_tie_tol)
+        usage = _usage(events)
+        assert usage.cached_tokens >= (usage.prompt_tokens - 20 if turn else 50), usage
+        answer = "".join(e.text for e in events)
+        msgs = [*msgs, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
+    mixed = [_req(proc, 1)[0], GenerationRequest("t-mixed", msgs, [], SamplingParams(max_tokens=10))]
+    out = run_all(engine, mixed)
+    check(out["t-mixed"], model, proc, mixed[1], [], bundled_tie_tol)
+    assert engine.stats().caches["session"].hits == 2
+
+
 def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
     model, proc = bundled
     engine = make_engine(model, proc)
@@ -151,3 +171,19 @@ def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
 def _usage(events: list[TokenEvent]) -> Usage:
     assert events[-1].usage is not None
     return events[-1].usage
+
+
+def test_min_tokens_matches_generate_with_min_new_tokens(bundled, make_engine, bundled_tie_tol):
+    """vLLM's ``min_tokens`` is Hugging Face's ``min_new_tokens``: the same tokens, alone or batched
+    with rows of other minimums."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, i, max_tokens=16) for i in range(4)]
+    for i, (req, _) in enumerate(reqs):
+        req.sampling = SamplingParams(max_tokens=16, min_tokens=3 * i + 2)
+    single = engine.generate_sync(reqs[3][0])
+    check(single, model, proc, reqs[3][0], reqs[3][1], bundled_tie_tol)
+    batched = run_all(engine, [r for r, _ in reqs])
+    for req, pngs in reqs:
+        assert len(tokens_of(batched[req.request_id])) >= req.sampling.min_tokens
+        check(batched[req.request_id], model, proc, req, pngs, bundled_tie_tol)
