@@ -1,7 +1,8 @@
 """py-spy profiles of the stack's processes during one benchmark run (``--profile DIR``).
 
 ``py-spy record`` samples each component (the decode worker with its pool children) for as long
-as the run lasts and writes collapsed stacks (``<name>.txt``, flamegraph input); ``top`` sums
+as the run lasts, only the thread holding the GIL (``--gil``: where Python spends CPU, not where
+threads wait for it), and writes collapsed stacks (``<name>.txt``, flamegraph input); ``top`` sums
 them into the functions that hold the most samples, by themselves and with what they call.
 """
 
@@ -25,7 +26,7 @@ class Profiler:
     def __enter__(self) -> Profiler:
         for name, pid in self.pids.items():
             cmd = [_py_spy(), "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw"]
-            cmd += ["--output", str(self.out / f"{name}.txt"), "--subprocesses", "--nonblocking"]
+            cmd += ["--output", str(self.out / f"{name}.txt"), "--subprocesses", "--nonblocking", "--gil"]
             log = open(self.out / f"{name}.log", "wb")
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         return self

@@ -63,6 +63,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._healthy = True
         self._last_error: str | None = None
+        self._step_listeners: list[Callable[[], None]] = []
 
     @classmethod
     def from_pretrained(cls, config: EngineConfig) -> Engine:
@@ -166,24 +167,51 @@ class Engine:
             raise
 
     def submit(self, request: GenerationRequest, on_event: EventCallback) -> None:
-        prompt = self._prepare(request)
-        seq = Sequence(
+        (refused,) = self.submit_many([(request, on_event)])
+        if refused is not None:
+            raise refused
+
+    def submit_many(
+        self, items: list[tuple[GenerationRequest, EventCallback]]
+    ) -> list[RequestRejected | None]:
+        """Submit several requests at once: they reach the scheduler together, so an idle engine
+        prefills them in one step. Per request: None (submitted) or why it was refused."""
+        outcome: list[RequestRejected | None] = [None] * len(items)
+        ready: list[tuple[int, Sequence]] = []
+        for i, (request, on_event) in enumerate(items):
+            try:
+                ready.append((i, self._sequence(request, on_event)))
+            except RequestRejected as exc:
+                outcome[i] = exc
+        with self._cv:
+            for i, seq in ready:
+                if seq.id in self._known:  # submitted meanwhile, or twice in this call
+                    outcome[i] = RequestRejected(f"request_id {seq.id!r} already in flight")
+                    continue
+                self._known[seq.id] = seq
+                self._inbox.append(seq)
+                self._stats.submitted += 1
+            self._cv.notify_all()
+        if self.runner.prefetcher is not None:
+            for i, seq in ready:
+                if outcome[i] is None:
+                    self.runner.prefetcher.add(seq)
+        return outcome
+
+    def _sequence(self, request: GenerationRequest, on_event: EventCallback) -> Sequence:
+        return Sequence(
             request=request,
-            prompt=prompt,
+            prompt=self._prepare(request),
             on_event=on_event,
             detok=Detokenizer(self.tokenizer, request.sampling.stop),
             eos_ids=self.eos_ids,
             generator=None if is_greedy(request.sampling) else make_generator(request.sampling.seed),
         )
-        with self._cv:
-            if request.request_id in self._known:
-                raise RequestRejected(f"request_id {request.request_id!r} already in flight")
-            self._known[request.request_id] = seq
-            self._inbox.append(seq)
-            self._stats.submitted += 1
-            self._cv.notify_all()
-        if self.runner.prefetcher is not None:
-            self.runner.prefetcher.add(seq)
+
+    def add_step_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` on the engine thread after every step, once the step's events were
+        emitted (a writer can then send one step's events for every sequence together)."""
+        self._step_listeners.append(listener)
 
     def cancel(self, request_id: str) -> bool:
         with self._cv:
@@ -257,6 +285,8 @@ class Engine:
                     self.runner.reset()
                     self._end_step([(seq, exc) for seq in self.scheduler.running], ran=False)
             self._stats.step_cpu_s += time.thread_time() - started
+            for listener in self._step_listeners:
+                listener()
 
     def _next_work(self) -> bool:
         """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""

@@ -1,8 +1,9 @@
 """The writer thread: engine events -> Redis, batched per step.
 
 The engine calls ``EventWriter.put`` from its own thread for every request at every decode
-step; ``put`` only enqueues, so decoding never waits on Redis. The writer drains whatever has
-accumulated (one engine step for the whole batch, usually) and writes it in one MULTI/EXEC:
+step, and ``step_done`` after each step; both only enqueue, so decoding never waits on Redis. The
+writer drains whole steps (every sequence's events of one step, or of several when it was busy
+writing) and writes them in one MULTI/EXEC:
 token events (``APPEND_TOKENS_LUA``) and ``FINISH_LUA`` for jobs that ended, fenced by the
 attempt. Build -> execute -> apply: a ``JobRun`` changes only after its writes succeeded, and
 every write is idempotent (already published indices are skipped; a re-sent FINISH of the same
@@ -37,6 +38,8 @@ from shared.schemas import JobEvent, JobStatus, StageTimings
 
 log = logging.getLogger(__name__)
 MAX_BATCH_EVENTS = 512
+STEP = object()  # queued after a step's events (``step_done``)
+STEP_WAIT_S = 0.005  # longest wait for a step's mark before writing what arrived
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 T = TypeVar("T")
 
@@ -77,7 +80,8 @@ class EventWriter(threading.Thread):
         self.effects = FinishEffects(client, store.keys, consumer, config)
         self.on_finished = on_finished
         self.cancel = cancel
-        self._queue: queue.Queue[tuple[JobRun, TokenEvent]] = queue.Queue()
+        self._queue: queue.Queue[tuple[JobRun, TokenEvent] | object] = queue.Queue()
+        self._unmarked = False  # events put since the last step mark
         self._halt = threading.Event()
         self.flushes = 0  # round trips (one MULTI/EXEC each)
         self.events = 0  # engine events written: events/flushes = batching per round trip
@@ -86,6 +90,13 @@ class EventWriter(threading.Thread):
     def put(self, run: JobRun, event: TokenEvent) -> None:
         """Called from the engine thread: never blocks."""
         self._queue.put((run, event))
+        self._unmarked = True
+
+    def step_done(self) -> None:
+        """Called from the engine thread after each step: the events put so far form a whole step."""
+        if self._unmarked:
+            self._unmarked = False
+            self._queue.put(STEP)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._halt.set()
@@ -98,13 +109,21 @@ class EventWriter(threading.Thread):
                 self.write(batch)
 
     def _drain(self) -> list[tuple[JobRun, TokenEvent]]:
+        """Whole engine steps: everything queued, then (if the last step is still being emitted)
+        its events up to its mark, waiting at most ``STEP_WAIT_S`` (events outside a step)."""
         try:
-            batch = [self._queue.get(timeout=0.05)]
+            item = self._queue.get(timeout=0.05)
         except queue.Empty:
             return []
+        batch: list[tuple[JobRun, TokenEvent]] = []
+        deadline = time.monotonic() + STEP_WAIT_S
         while len(batch) < MAX_BATCH_EVENTS:
+            if item is not STEP:
+                batch.append(item)  # type: ignore[arg-type]
+            elif self._queue.empty():
+                break  # a whole step, and nothing of the next yet
             try:
-                batch.append(self._queue.get_nowait())
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
         return batch

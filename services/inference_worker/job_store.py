@@ -53,6 +53,17 @@ def _record(raw: dict[Any, Any]) -> tuple[JobRecord, dict[str, str]] | None:
     return JobRecord.from_hash(raw), fields
 
 
+def begun(reply: Any) -> Begun | None:
+    """A BEGIN_ATTEMPT_LUA reply as a ``Begun`` (None: the job is gone)."""
+    if not reply:
+        return None
+    attempt, cancelled, flat, pixels = reply
+    loaded = _record(dict(zip(flat[::2], flat[1::2], strict=True)))
+    if loaded is None:
+        return None
+    return Begun(loaded[0], loaded[1], int(attempt), bool(cancelled), bytes(pixels) if pixels else None)
+
+
 class JobStore:
     def __init__(self, client: redis.Redis, keys: Keys, job_ttl_s: int, image_ttl_s: int):
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
@@ -61,30 +72,30 @@ class JobStore:
         self.image_ttl_s = image_ttl_s
         self._set_status = client.register_script(SET_STATUS_LUA)
         self._finish = client.register_script(FINISH_LUA)
-        self._begin = client.register_script(BEGIN_ATTEMPT_LUA)
 
     # --- reads ---
     def begin(self, job_id: str) -> Begun | None:
         """One round trip: load the job, begin an attempt unless it is terminal, read its cancel flag
         and its pixels. None when the job is gone."""
-        keys = [self.keys.job(job_id), self.keys.job_cancel(job_id), self.keys.job_pixels(job_id)]
-        reply = self._begin(keys=keys)
-        if not reply:
-            return None
-        attempt, cancelled, flat, pixels = reply
-        loaded = _record(dict(zip(flat[::2], flat[1::2], strict=True)))
-        if loaded is None:
-            return None
-        return Begun(loaded[0], loaded[1], int(attempt), bool(cancelled), bytes(pixels) if pixels else None)
+        return begun(self.begin_many([job_id])[0])
 
-    def cancel_requested(self, job_ids: list[str]) -> list[str]:
-        """Those of ``job_ids`` whose cancel flag is set (one round trip)."""
+    def begin_many(self, job_ids: list[str]) -> list[Any]:
+        """``begin`` for several jobs in one round trip (entries read together): the raw replies,
+        each read by ``begun`` (which raises on a malformed job: the caller fails that job only)."""
         if not job_ids:
             return []
         pipe = self.r.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.exists(self.keys.job_cancel(job_id))
-        return [j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag]
+            keys = [self.keys.job(job_id), self.keys.job_cancel(job_id), self.keys.job_pixels(job_id)]
+            pipe_script(pipe, BEGIN_ATTEMPT_LUA, keys, [])
+        return list(pipe.execute())
+
+    def cancel_requested(self, job_ids: list[str]) -> list[str]:
+        """Those of ``job_ids`` whose cancel flag is set (one MGET: polled every 50 ms)."""
+        if not job_ids:
+            return []
+        flags = self.r.mget([self.keys.job_cancel(job_id) for job_id in job_ids])
+        return [j for j, flag in zip(job_ids, flags, strict=True) if flag is not None]
 
     def published_tokens(self, job_id: str) -> list[int]:
         """Token ids already in the job's event stream (earlier attempts), in index order."""

@@ -19,13 +19,13 @@ from typing import Any
 
 import redis
 
-from services.engine.api import ImageInput, RequestRejected
+from services.engine.api import GenerationRequest, ImageInput, RequestRejected
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import WriterConfig
 from services.inference_worker.engine_request import build_request, needs_image, pixels_input
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
-from services.inference_worker.job_store import JobStore
+from services.inference_worker.job_store import Begun, JobStore, begun
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
 from services.inference_worker.task_events import TaskEvents
@@ -38,6 +38,7 @@ from shared.tensors import TensorCodecError
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.05
+Ready = tuple[JobRun, GenerationRequest]  # a registered run and its request, not yet submitted
 READ_BLOCK_MS = 50
 
 
@@ -72,6 +73,7 @@ class InferenceWorker:
             on_end=lambda item: self.task_events.job_ended(item),
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
+        engine.add_step_listener(self.writer.step_done)  # one write per engine step
         self.runs: dict[str, JobRun] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
@@ -87,8 +89,7 @@ class InferenceWorker:
         self.writer.start()
         self.task_events.start()
         self.heartbeat()
-        for entry in self.consumer.read(self.capacity, 0, own_pending=True):  # same name, restarted
-            self.handle(entry)
+        self.handle_many(self.consumer.read(self.capacity, 0, own_pending=True))  # same name, restarted
         log.info("inference worker %s reading %s", self.worker_id, self.keys.inference_stream())
         backoff = 0.1
         while not self.stopping.is_set():
@@ -131,8 +132,8 @@ class InferenceWorker:
         if now >= self._next["claim"]:
             self._next["claim"] = now + max(0.5, self.settings.claim_idle_ms / 2000)
             streams = self.rebalancer.claim_streams()
-            for entry in self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots(), streams):
-                self.handle(entry)
+            idle = self.consumer.claim_idle(self.settings.claim_idle_ms, self.free_slots(), streams)
+            self.handle_many(idle)
         if now >= self._next["rebalance"] and self.settings.affinity_routing:
             self._next["rebalance"] = now + self.rebalancer.period_s
             self.rebalancer.rebalance()
@@ -145,11 +146,9 @@ class InferenceWorker:
             self._slot_freed.clear()
             return
         interactive = self.consumer.read(free, READ_BLOCK_MS)
-        for entry in interactive:
-            self.handle(entry)
         # Batch work takes what is left, minus a batch's worth kept for interactive arrivals.
-        for entry in self.consumer.read_batch(free - len(interactive) - self.interactive_reserve):
-            self.handle(entry)
+        batch = self.consumer.read_batch(free - len(interactive) - self.interactive_reserve)
+        self.handle_many(interactive + batch)
 
     def shutdown(self) -> None:
         started = time.monotonic()
@@ -173,40 +172,80 @@ class InferenceWorker:
         self.task_events.stop()
         log.info("inference worker %s stopped (%d jobs released)", self.worker_id, len(leftover))
 
-    # --- one stream entry ---
+    # --- stream entries ---
     def handle(self, entry: Entry) -> None:
-        try:
-            self._handle(entry)
-        except redis.RedisError:
-            raise  # the entry stays pending: retried by this worker's loop or claimed by another
-        except Exception as exc:  # a malformed job must not crash the worker (nor loop forever)
-            log.exception("job %s: cannot start", entry.job_id)
-            self._forget(entry.job_id)
-            self.store.fail(entry.job_id, f"internal error starting the job: {exc}", 0, fenced=False)
-            self._ack(entry, outcome=JobStatus.FAILED)
+        self.handle_many([entry])
 
-    def _handle(self, entry: Entry) -> None:
-        if not entry.job_id:
-            return self._ack(entry)  # a deleted entry
-        if entry.job_id in self._run_ids():
-            return None  # already running here (claimed back our own entry)
-        begun = self.store.begin(entry.job_id)  # load, HINCRBY attempt, cancel flag, pixels: one round trip
+    def handle_many(self, entries: list[Entry]) -> None:
+        """Start the entries read together: their attempts begun in one round trip, their requests
+        handed to the engine at once (an idle engine prefills them in one step). A Redis error
+        leaves the entries pending: retried by this worker's loop or claimed by another."""
+        fresh: list[Entry] = []
+        for entry in entries:
+            if not entry.job_id:
+                self._ack(entry)  # a deleted entry
+            elif entry.job_id not in self._run_ids() and entry not in fresh:  # not ours already
+                fresh.append(entry)
+        replies = self.store.begin_many([entry.job_id for entry in fresh])
+        ready = [self._guarded(entry, reply) for entry, reply in zip(fresh, replies, strict=True)]
+        self._submit_all([r for r in ready if r is not None])
+
+    def _guarded(self, entry: Entry, reply: Any) -> Ready | None:
+        try:
+            return self._prepare(entry, begun(reply))
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # a malformed job must not crash the worker (nor loop forever)
+            self._broken(entry, exc)
+            return None
+
+    def _broken(self, entry: Entry, exc: Exception) -> None:
+        log.exception("job %s: cannot start", entry.job_id, exc_info=exc)
+        self._forget(entry.job_id)
+        self.store.fail(entry.job_id, f"internal error starting the job: {exc}", 0, fenced=False)
+        self._ack(entry, outcome=JobStatus.FAILED)
+
+    def _prepare(self, entry: Entry, begun: Begun | None) -> Ready | None:
+        """The run and request of a begun attempt, registered; None when it ends here instead."""
         if begun is None or begun.record.status.terminal:
-            return self._ack(entry)  # gone, or finished by an earlier delivery
+            self._ack(entry)  # gone, or finished by an earlier delivery
+            return None
         record, attempt = begun.record, begun.attempt
         if attempt > self.settings.max_deliveries:
             why = f"delivered {attempt - 1} times without finishing"
             self.store.dead_letter(entry.job_id, "inference", attempt - 1, why, fence=attempt)
-            return self._ack(entry, outcome=JobStatus.FAILED)
-        if reason := self._refusal(record, attempt, begun.cancelled):
-            return self._ack(entry, outcome=reason)
-        try:
-            self._submit(entry, record, begun.fields, attempt, begun.pixels)
-        except (RequestRejected, LookupError, TensorCodecError) as exc:
-            self._forget(entry.job_id)
-            self.store.fail(entry.job_id, str(exc), attempt, _error_code(exc))
             self._ack(entry, outcome=JobStatus.FAILED)
-        return None
+            return None
+        if reason := self._refusal(record, attempt, begun.cancelled):
+            self._ack(entry, outcome=reason)
+            return None
+        try:
+            return self._register(entry, record, begun.fields, attempt, begun.pixels)
+        except (RequestRejected, LookupError, TensorCodecError) as exc:
+            self._reject(entry, attempt, exc)
+            return None
+
+    def _reject(self, entry: Entry, attempt: int, exc: Exception) -> None:
+        self._forget(entry.job_id)
+        self.store.fail(entry.job_id, str(exc), attempt, _error_code(exc))
+        self._ack(entry, outcome=JobStatus.FAILED)
+
+    def _submit_all(self, ready: list[Ready]) -> None:
+        """One hand-over to the engine; it validates each request (refused ones fail their job)."""
+        if not ready:
+            return
+        items = [(request, lambda event, run=run: self.writer.put(run, event)) for run, request in ready]
+        try:
+            refused = self.engine.submit_many(items)
+        except Exception as exc:  # an engine bug: the jobs must still end
+            for run, _ in ready:
+                self._broken(run.entry, exc)
+            return
+        for (run, _), why in zip(ready, refused, strict=True):
+            if why is not None:
+                self._reject(run.entry, run.attempt, why)
+            else:
+                self.task_events.job_started(run.spec.job_id, run.attempt)
 
     def _refusal(self, record: JobRecord, attempt: int, cancelled: bool) -> JobStatus | None:
         """Cancelled or expired before it ran: finish it now, never generate."""
@@ -216,10 +255,10 @@ class InferenceWorker:
         self.store.end(record.spec.job_id, refused.status, refused.code, refused.error, attempt)
         return refused.status
 
-    def _submit(
+    def _register(
         self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int, pixels: bytes | None
-    ) -> None:
-        """Register the run, then submit (the engine validates: RequestRejected, nothing started)."""
+    ) -> Ready:
+        """The attempt's request and run; the run is registered (submitted by ``_submit_all``)."""
         spec = record.spec
         request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record, pixels))
         run = JobRun(
@@ -234,8 +273,7 @@ class InferenceWorker:
         )
         with self._lock:
             self.runs[spec.job_id] = run
-        self.engine.submit(request, lambda event, run=run: self.writer.put(run, event))
-        self.task_events.job_started(spec.job_id, attempt)
+        return run, request
 
     def _image(self, record: JobRecord, pixels: bytes | None) -> ImageInput | None:
         """The job's image from the pixels its decode worker stored (or, while a previous release's

@@ -274,3 +274,46 @@ def test_admission_is_fifo(bundled, make_engine):
     for _ in names:
         assert done.acquire(timeout=60)
     assert order == names
+
+
+def test_requests_submitted_together_share_one_prefill(bundled, make_engine):
+    """``submit_many`` on an idle engine: one prefill step for all, the answers those of the requests
+    run one by one."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+
+    def req(rid: str, i: int) -> GenerationRequest:
+        image = image_input(proc, draw_image(10 + i))
+        question = [user("What colour is the circle?")]
+        return GenerationRequest(rid, question, [image], SamplingParams(max_tokens=6))
+
+    alone = [engine.generate_sync(req(f"alone{i}", i)) for i in range(4)]
+    before = dict(engine.stats().prefill_sizes)
+    done = threading.Semaphore(0)
+    events: dict[str, list[Any]] = {f"together{i}": [] for i in range(4)}
+
+    def on_event(ev: Any) -> None:
+        events[ev.request_id].append(ev)
+        if ev.finished:
+            done.release()
+
+    items = [(req(f"together{i}", i), on_event) for i in range(4)]
+    assert engine.submit_many(items) == [None] * 4
+    for _ in items:
+        assert done.acquire(timeout=60)
+    after = engine.stats().prefill_sizes
+    assert after.get(4, 0) == before.get(4, 0) + 1
+    for i in range(4):
+        assert [t for e in events[f"together{i}"] for t in e.token_ids] == [
+            t for e in alone[i] for t in e.token_ids
+        ]
+
+
+def test_submit_many_refuses_each_bad_request_alone(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False)
+    good, twin = _req(proc, "same"), _req(proc, "same")
+    bad = GenerationRequest("bad", [user("hi")], [], SamplingParams(max_tokens=0))
+    outcome = engine.submit_many([(good, lambda ev: None), (bad, lambda ev: None), (twin, lambda ev: None)])
+    assert outcome[0] is None and isinstance(outcome[1], RequestRejected)
+    assert isinstance(outcome[2], RequestRejected)  # the same id twice: the second is refused

@@ -187,3 +187,25 @@ def test_a_fenced_attempt_records_no_turn(harness: Harness) -> None:
     harness.writer.flush([(run, e) for e in events_of(run, ["Re", "d"])])
     key = harness.keys.conversation(str(run.spec.conversation_id))
     assert load_messages(harness.r.hget(key, "messages")) == []
+
+
+def test_one_write_per_engine_step_for_every_sequence(harness: Harness) -> None:
+    """The engine's events of one step, for all its sequences, go out in one MULTI/EXEC: the writer
+    waits for the step's mark (``step_done``) before writing."""
+    runs = [harness.start_job(session=False) for _ in range(4)]
+    harness.writer.start()
+    try:
+        for step, text in enumerate(["R", "e", "d"]):
+            for run in runs:  # the engine emits each sequence's token, then marks the step's end
+                harness.writer.put(run, TokenEvent(run.request_id, (100 + step,), text, step))
+                time.sleep(0.001)  # events trickle in as the engine samples row by row
+            harness.writer.step_done()
+            wait = time.monotonic() + 5
+            while harness.writer.events < 4 * (step + 1) and time.monotonic() < wait:
+                time.sleep(0.005)
+    finally:
+        harness.writer.stop()
+    assert harness.writer.events == 12 and harness.writer.flushes == 3
+    for run in runs:
+        tokens = [e for e in J.events(harness.r, harness.keys, run.job_id) if e.type == "token"]
+        assert [e.index for e in tokens] == [0, 1, 2]
