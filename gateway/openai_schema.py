@@ -62,6 +62,7 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=ID_PATTERN)
     priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
+    response_format: dict[str, Any] | None = None  # checked by gateway.response_format
 
 
 def usage_json(record_usage: Any) -> dict[str, Any]:

@@ -68,7 +68,8 @@ def request_hash(
         "model": model_id,
         "image": image_digest,
         "messages": [m.model_dump(mode="json") for m in messages],
-        "sampling": sampling.model_dump(mode="json", exclude={"seed", "top_p", "top_k"}),
+        # exclude_none: a free-text job's key is the same as before response formats existed
+        "sampling": sampling.model_dump(mode="json", exclude={"seed", "top_p", "top_k"}, exclude_none=True),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

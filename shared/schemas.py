@@ -31,6 +31,15 @@ class JobStatus(enum.StrEnum):
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 
 
+class ResponseFormat(BaseModel):
+    """Structured output: any JSON object, or JSON valid against ``json_schema`` (checked by the
+    gateway, as canonical JSON text). None on a ``SamplingSpec``: free text."""
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: str | None = None
+    name: str | None = None
+
+
 class SamplingSpec(BaseModel):
     max_tokens: int = 64
     temperature: float = 0.0
@@ -38,6 +47,7 @@ class SamplingSpec(BaseModel):
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
+    response_format: ResponseFormat | None = None
 
     @property
     def greedy(self) -> bool:

@@ -4,6 +4,9 @@ with a per-request seeded generator, so a sampled answer does not depend on what
 A row whose numbers are not finite (NaN or inf in the model's logits, or after temperature, top-k or
 top-p) gets a ``NonFiniteLogits`` instead of a token: that sequence fails, the other rows are sampled
 as if it were not there.
+
+A row may come with an ``allowed`` mask (structured output, ``grammar.py``): only those tokens can be
+picked, greedy or sampled; a mask that allows nothing gives that row a ``NoAllowedToken``.
 """
 
 from __future__ import annotations
@@ -20,30 +23,58 @@ class NonFiniteLogits(ValueError):
     """One row's scores hold NaN or inf: a numerical fault of that sequence, never of the batch."""
 
 
+class NoAllowedToken(ValueError):
+    """A constrained row's grammar allows no token at all (a schema no token can continue)."""
+
+
+Masks = list[torch.Tensor | None]
+
+
 def is_greedy(p: SamplingParams) -> bool:
     return p.temperature < GREEDY_BELOW
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
-) -> list[int | NonFiniteLogits]:
-    """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits``."""
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
-    out: list[int | NonFiniteLogits] = list(logits.argmax(dim=-1).tolist())
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    gens: list[torch.Generator | None],
+    allowed: Masks | None = None,
+) -> list[int | ValueError]:
+    """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits`` /
+    ``NoAllowedToken``. ``allowed``: per row, None or a bool (V,) mask of the tokens it may take."""
+    masks = allowed or [None] * len(params)
+    finite = torch.isfinite(logits).all(dim=-1).tolist()  # the model's own numbers, before any mask
+    out: list[int | ValueError] = list(_masked(logits, masks).argmax(dim=-1).tolist())
     for i, p in enumerate(params):
+        mask = masks[i]
         if not finite[i]:
             out[i] = NonFiniteLogits(f"non-finite logits from the model ({_what(logits[i])})")
+        elif mask is not None and not bool(mask.any()):
+            out[i] = NoAllowedToken("the response format's grammar allows no next token")
         elif not is_greedy(p):
-            out[i] = _sample_row(logits[i], p, gens[i])
+            out[i] = _sample_row(logits[i], p, gens[i], mask)
+    return out
+
+
+def _masked(logits: torch.Tensor, masks: Masks) -> torch.Tensor:
+    """``logits`` with each constrained row's disallowed tokens at -inf (a copy only if any)."""
+    if all(m is None for m in masks):
+        return logits
+    out = logits.clone()
+    for i, mask in enumerate(masks):
+        if mask is not None:
+            out[i].masked_fill_(~mask, float("-inf"))
     return out
 
 
 def _sample_row(
-    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None
+    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, allowed: torch.Tensor | None
 ) -> int | NonFiniteLogits:
     scores = logits.cpu() / p.temperature
     if not torch.isfinite(scores).all():
         return NonFiniteLogits(f"non-finite scores after temperature {p.temperature:g} ({_what(scores)})")
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed.cpu(), float("-inf"))  # -inf: "never", not a fault
     if 0 < p.top_k < scores.numel():
         kth = torch.topk(scores, p.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))  # -inf: "never", not a fault

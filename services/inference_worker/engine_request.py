@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from services.engine.api import GenerationRequest, ImageInput, SamplingParams
-from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+from services.engine.api import GenerationRequest, ImageInput, SamplingParams, StructuredOutput
+from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
@@ -31,7 +31,14 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
         top_k=spec.top_k,
         seed=spec.seed,
         stop=tuple(spec.stop),
+        structured=structured_output(spec.response_format),
     )
+
+
+def structured_output(response_format: ResponseFormat | None) -> StructuredOutput | None:
+    if response_format is None:
+        return None
+    return StructuredOutput(response_format.type, response_format.json_schema)
 
 
 def image_input(tensors: dict[str, torch.Tensor], digest: str) -> ImageInput:

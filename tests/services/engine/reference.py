@@ -46,7 +46,12 @@ def _tiny_inputs(model: Any, processor: TinyProcessor, text: str, imgs: list[Ima
 
 
 def reference(
-    model: Any, processor: Any, messages: list[dict[str, Any]], pngs: list[bytes], max_new: int
+    model: Any,
+    processor: Any,
+    messages: list[dict[str, Any]],
+    pngs: list[bytes],
+    max_new: int,
+    logits_processor: list[Any] | None = None,
 ) -> Reference:
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in pngs]
@@ -61,6 +66,7 @@ def reference(
             do_sample=False,
             output_logits=True,
             return_dict_in_generate=True,
+            logits_processor=logits_processor,
         )
     n = inputs["input_ids"].shape[1]
     return Reference(out.sequences[0, n:].tolist(), [lg[0].float() for lg in out.logits])
