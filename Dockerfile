@@ -48,8 +48,9 @@ COPY shared shared
 COPY gateway gateway
 COPY worker worker
 COPY services services
-COPY docker/healthcheck.py docker/healthcheck.py
-RUN python -m compileall -q shared gateway worker services docker
+COPY docker/healthcheck.py docker/secrets_init.py docker/with_secrets.sh docker/
+RUN python -m compileall -q shared gateway worker services docker \
+ && mkdir -p /run/vlmq-secrets && chown vlmq /run/vlmq-secrets && chmod 700 /run/vlmq-secrets
 USER vlmq
 EXPOSE 8000 5555
 CMD ["python", "-m", "gateway"]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-compose lint bench bench-engine bench-service bench-scale train train-smoke eval clean
+.PHONY: venv up test test-chaos test-compose lint bench bench-smoke bench-engine bench-service bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -34,7 +34,7 @@ lint: venv
 	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker
 	$(BIN)/lint-imports
 
-bench: bench-engine bench-service bench-scale
+bench: bench-engine bench-service bench-scale bench-priority
 
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
@@ -42,9 +42,28 @@ bench-engine: venv
 bench-service: venv
 	$(BIN)/python -m bench.service_bench
 
+# every benchmark in seconds, tiny counts (figures mean nothing; make test runs all but the scale bench)
+bench-smoke: venv
+	$(BIN)/python -m bench.engine_bench --smoke
+	$(BIN)/python -m bench.service_bench --smoke
+	$(BIN)/python -m bench.gpu_bench --smoke
+	$(BIN)/python -m bench.scale_bench --smoke
+
+# vlmq vs transformers serve on a CUDA device, random ~0.85B GLM-4V (needs a CUDA build of torch)
+bench-gpu: venv
+	VLMQ_DEVICE=cuda $(BIN)/python -m bench.gpu_bench
+
 # 1 vs 2 inference workers, cache-aware routing on/off (~6 min); exits 1 if routing loses session hits
 bench-scale: venv
 	$(BIN)/python -m bench.scale_bench
+
+# an interactive tenant's p50 under a batch tenant's flood, vs unloaded (~3 min)
+bench-priority: venv
+	$(BIN)/python -m bench.priority_bench
+
+# nightly: 10 min at 70 % of capacity, RSS/keys/p99 flat (~17 min with the TTL waits)
+bench-soak: venv
+	$(BIN)/python -m bench.soak_bench
 
 train: venv
 	$(BIN)/python -m tinyvlm.train

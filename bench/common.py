@@ -332,20 +332,38 @@ def load_bundled(quantize: str = "none") -> tuple[Any, Any]:
     return load_model(bundled_model_path(), quantize, "cpu")
 
 
-def build_large_glm(processor: Any, seed: int = 0) -> Any:
-    """A ~95M-parameter random Glm4v with the bundled model's tokenizer/processor geometry, where
-    compute (not Python overhead) dominates: 8 text layers of width 768, a 12-block vision tower."""
+def build_large_glm(processor: Any, seed: int = 0, small: bool = False) -> Any:
+    """A ~91M-parameter random Glm4v with the bundled model's tokenizer/processor geometry, where
+    compute (not Python overhead) dominates: 8 text layers of width 768, a 12-block vision tower.
+    ``small``: the same shapes per head (head dim 64) at 2 layers of width 256 (smoke runs)."""
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration
 
     cfg = Glm4vConfig.from_pretrained(bundled_model_path())
     tc: Any = cfg.text_config
     vc: Any = cfg.vision_config
-    tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers = 768, 2304, 8
-    tc.num_attention_heads, tc.num_key_value_heads = 12, 4
-    vc.hidden_size, vc.intermediate_size, vc.depth, vc.num_heads = 512, 1536, 12, 8
-    vc.out_hidden_size = 768
+    width, layers, heads = (256, 2, 4) if small else (768, 8, 12)
+    tc.hidden_size, tc.intermediate_size, tc.num_hidden_layers = width, 3 * width, layers
+    tc.num_attention_heads, tc.num_key_value_heads = heads, 4 if heads % 4 == 0 else heads
+    vc.hidden_size, vc.intermediate_size = (128, 384) if small else (512, 1536)
+    vc.depth, vc.num_heads = (2, 4) if small else (12, 8)
+    vc.out_hidden_size = width
+    fit_mrope_sections(tc)
     torch.manual_seed(seed)
     model = Glm4vForConditionalGeneration(cfg).eval()
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     return model
+
+
+def fit_mrope_sections(text_config: Any) -> None:
+    """Derive M-RoPE's (t, h, w) sections from the config's own head dim: the sections must split
+    half its rotary dims exactly (copied from another config they break the forward)."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    if "mrope_section" not in rope:
+        return
+    head_dim = (
+        getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    )
+    half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+    rope["mrope_section"] = _mrope_section(half)
+    text_config.rope_parameters = rope

@@ -16,6 +16,7 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from services.engine import Engine, EngineConfig, GenerationRequest, SamplingPar
 from services.vlm.quantization import model_size_bytes, quantize_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
+QUANT_MODES = ("none", "bf16", "int8", "int4")
 IMAGE_SIZE = (128, 128)  # the cache sections' image size (vlmq-tiny squares any picture: 9 tokens)
 
 
@@ -48,32 +50,32 @@ def engine(model: Any, proc: Any, **cfg: Any) -> Engine:
     return e
 
 
-def throughput(model: Any, proc: Any, clients: list[int], max_new: int, reps: int) -> dict[str, Any]:
+def throughput(model: Any, proc: Any, plan: Plan) -> dict[str, Any]:
     """Closed-loop load on (a) naive generate, (b) engine with batch cap 1, (c) the engine as configured,
     for two workloads: single questions about new images, and two-turn conversations (the follow-up
-    resends the history). Configurations are interleaved; each keeps its best of ``reps`` runs (the
-    CPU is shared with other work)."""
+    resends the history). Configurations are interleaved; each keeps its best of ``plan.reps`` runs
+    (the CPU is shared with other work)."""
     workloads = {
-        "single": [[it] for it in make_items(proc, 48, seed=1)],
-        "two_turn": make_conversations(proc, 24, seed=7),
+        "single": [[it] for it in make_items(proc, plan.workload, seed=1)],
+        "two_turn": make_conversations(proc, plan.workload // 2, seed=7),
     }
-    sampling = SamplingParams(max_tokens=max_new)
-    naive = NaiveServer(model, max_new)
+    sampling = SamplingParams(max_tokens=plan.max_new)
+    naive = NaiveServer(model, plan.max_new)
     engines = {"b_engine_batch1": engine(model, proc, max_batch=1), "c_engine": engine(model, proc)}
     submit = {
         "a_naive_generate": naive.submit,
         **{k: engine_submitter(e, sampling) for k, e in engines.items()},
     }
     for fn in submit.values():
-        closed_loop(fn, workloads["single"], 4, 8)  # warm-up
+        closed_loop(fn, workloads["single"], 4, plan.warmup)
     out: dict[str, Any] = {}
     for wname, convs in workloads.items():
         res: dict[str, Any] = {name: [] for name in submit}
-        for c in clients:
+        for c in plan.clients:
             best: dict[str, Any] = {}
-            for _ in range(reps):
+            for _ in range(plan.reps):
                 for name, fn in submit.items():
-                    r = closed_loop(fn, convs, c, max(2 * c, 12) // len(convs[0]))
+                    r = closed_loop(fn, convs, c, plan.conversations(c) // len(convs[0]))
                     if name not in best or r.throughput > best[name].throughput:
                         best[name] = r
             for name, r in best.items():
@@ -207,19 +209,19 @@ def efficiency(model: Any, proc: Any, steps: int, repeats: int) -> dict[str, Any
     return {"engine_tok_s": max(eng), "bare_tok_s": max(bare), "ratio": max(eng) / max(bare)}
 
 
-def quantization(model_fp32: Any, proc: Any, large: bool, n: int, max_new: int) -> dict[str, Any]:
-    items = make_items(proc, n, seed=6)
-    sampling = SamplingParams(max_tokens=max_new)
+def quantization(model_fp32: Any, proc: Any, large: bool, plan: Plan) -> dict[str, Any]:
+    items = make_items(proc, plan.quant_n, seed=6)
+    sampling = SamplingParams(max_tokens=plan.max_new)
     res: dict[str, Any] = {}
     ref: list[list[int]] = []
-    for mode in ("none", "bf16", "int8", "int4"):
+    for mode in plan.quant_modes:
         model = quantize_model(copy.deepcopy(model_fp32), mode) if large else load_bundled(mode)[0]
         e = engine(model, proc, max_batch=8)
         outs = [[t for ev in e.generate_sync(it.request(sampling)) for t in ev.token_ids] for it in items]
         ref = ref or outs
         exact = sum(a == b for a, b in zip(outs, ref, strict=True)) / len(outs)
         agree = [_prefix_agreement(a, b) for a, b in zip(outs, ref, strict=True)]
-        tok_s = decode_tok_s(e, proc, 8, 16)
+        tok_s = decode_tok_s(e, proc, 8, min(16, plan.efficiency_steps))
         e.stop()
         res[mode] = {
             "bytes": model_size_bytes(model),
@@ -235,51 +237,95 @@ def _prefix_agreement(a: list[int], b: list[int]) -> float:
     return n / max(len(a), len(b), 1)
 
 
-def run_model(name: str, model: Any, proc: Any, quick: bool, large: bool) -> dict[str, Any]:
-    n = 6 if quick else 16
-    max_new = 8 if large else 16
-    clients = [1, 8] if quick or large else [1, 4, 8, 16]
+@dataclass(frozen=True)
+class Plan:
+    """How much of each section one run does: full (per model), ``--quick`` or ``--smoke``."""
+
+    n: int  # requests per cache section
+    clients: tuple[int, ...]
+    reps: int  # best of, per throughput configuration
+    max_new: int
+    workload: int = 48  # distinct single questions (half as many two-turn conversations)
+    warmup: int = 8
+    min_conversations: int = 12
+    efficiency_steps: int = 48
+    efficiency_repeats: int = 3
+    quant_n: int = 24
+    quant_modes: tuple[str, ...] = QUANT_MODES
+
+    def conversations(self, clients: int) -> int:
+        return max(2 * clients, self.min_conversations)
+
+
+def plan_for(mode: str, large: bool) -> Plan:
+    if mode == "smoke":  # seconds: every code path once, nothing measured
+        return Plan(
+            2,
+            (1, 8),
+            1,
+            2,
+            workload=8,
+            warmup=1,
+            min_conversations=8,
+            efficiency_steps=2,
+            efficiency_repeats=1,
+            quant_n=1,
+        )
+    if mode == "quick":
+        return Plan(6, (1, 8), 1, 8 if large else 16, efficiency_steps=16, efficiency_repeats=2, quant_n=4)
+    if large:
+        return Plan(16, (1, 8), 2, 8, quant_n=8)
+    return Plan(16, (1, 4, 8, 16), 3, 16)
+
+
+def run_model(name: str, model: Any, proc: Any, plan: Plan, large: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
-    out["throughput"] = throughput(model, proc, clients, max_new, 1 if quick else (2 if large else 3))
-    out["prefix_ttft"] = prefix_ttft(model, proc, n)
-    out["session_turn2"] = session_turn2(model, proc, n // 2 if large else n, 4)
-    out["image_ttft"] = image_ttft(model, proc, n)
-    out["efficiency"] = efficiency(model, proc, 16 if quick else 48, 2 if quick else 3)
-    out["quantization"] = quantization(model, proc, large, 4 if quick else (8 if large else 24), max_new)
+    out["throughput"] = throughput(model, proc, plan)
+    out["prefix_ttft"] = prefix_ttft(model, proc, plan.n)
+    out["session_turn2"] = session_turn2(model, proc, plan.n // 2 if large else plan.n, min(4, plan.max_new))
+    out["image_ttft"] = image_ttft(model, proc, plan.n)
+    out["efficiency"] = efficiency(model, proc, plan.efficiency_steps, plan.efficiency_repeats)
+    out["quantization"] = quantization(model, proc, large, plan)
     out["seconds"] = time.perf_counter() - t0
     print(f"[{name}] done in {out['seconds']:.0f} s", flush=True)
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short run: fewer requests and client counts")
+    ap.add_argument("--smoke", action="store_true", help="seconds: every code path once (make test runs it)")
     ap.add_argument("--models", default="bundled,large", help="comma list of bundled,large")
     # 1 by default: on a 2-core machine shared with other work, 2 intra-op threads stall on each other
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and chart")
+    args = ap.parse_args(argv)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     model, proc = load_bundled()
-    results: dict[str, Any] = {
-        "meta": {
-            "model": str(bundled_model_path()),
-            "quick": args.quick,
-            "threads": args.threads,
-            "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        },
-    }
+    results: dict[str, Any] = {"meta": _meta(mode, args.threads)}
     for name in args.models.split(","):
-        m = model if name == "bundled" else build_large_glm(proc)
-        results[name] = run_model(name, m, proc, args.quick, large=name != "bundled")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
-    (RESULTS / f"engine_bench{suffix}.json").write_text(json.dumps(results, indent=2))
+        large = name != "bundled"
+        m = build_large_glm(proc, small=args.smoke) if large else model
+        results[name] = run_model(name, m, proc, plan_for(mode, large), large)
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if mode == "full" else f"_{mode}"
+    (args.out / f"engine_bench{suffix}.json").write_text(json.dumps(results, indent=2))
     print_table(results)
-    save_chart(results, RESULTS / f"engine_bench{suffix}.png")
+    save_chart(results, args.out / f"engine_bench{suffix}.png")
+
+
+def _meta(mode: str, threads: int) -> dict[str, Any]:
+    return {
+        "model": str(bundled_model_path()),
+        "mode": mode,
+        "threads": threads,
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ def _verdict(name: str, value: float, model: str) -> str:
 
 
 def print_table(results: dict[str, Any]) -> None:
+    if results["meta"].get("mode") == "smoke":
+        print("\nsmoke run: every code path once; the figures below measure nothing")
     for model, r in results.items():
         if model == "meta":
             continue

@@ -1,6 +1,6 @@
 """Scale-out benchmark: the same load on 1 and 2 inference workers, cache-aware routing on and off.
 
-    python -m bench.scale_bench [--quick] [--repeats N]
+    python -m bench.scale_bench [--quick | --smoke] [--repeats N] [--out DIR]
 
 Configurations, each on a fresh stack and its own Redis (2 decode workers of one process each,
 the gateway, N inference workers, the bundled model): 1 worker with routing on, 2 workers with
@@ -230,9 +230,10 @@ def difference(after: dict[str, dict[str, int]], before: dict[str, dict[str, int
     return {w: {k: v - before.get(w, zero).get(k, 0) for k, v in c.items()} for w, c in sorted(after.items())}
 
 
-async def warm_up(stack: ServiceStack, count: int) -> None:
-    """First-request costs out of the way on every worker: pairs of jobs until each has served 2."""
-    warm = make_requests(24, seed=999)
+async def warm_up(stack: ServiceStack, count: int, pairs: int) -> None:
+    """First-request costs out of the way on every worker: pairs of jobs until each has served 2
+    (at most ``pairs`` pairs)."""
+    warm = make_requests(2 * pairs, seed=999)
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=REQUEST_TIMEOUT_S) as client:
         for pair in range(0, len(warm), 2):
             jobs = [
@@ -252,7 +253,7 @@ def load_average() -> str:
 
 
 def run_config(
-    config: Config, talks: list[Conversation], singles: list[BenchRequest], tag: str
+    config: Config, talks: list[Conversation], singles: list[BenchRequest], tag: str, warm_pairs: int
 ) -> dict[str, Any]:
     started, load_before = time.perf_counter(), load_average()
     redis_server = start_redis()
@@ -260,7 +261,7 @@ def run_config(
     stack = ServiceStack(redis_server.url, logs, extra_env=config.env(), components=config.components())
     try:
         stack.start(timeout_s=180)
-        asyncio.run(warm_up(stack, config.workers))
+        asyncio.run(warm_up(stack, config.workers, warm_pairs))
         before = settled_counters(stack)
         results, wall = asyncio.run(drive(stack, talks, singles, tag))
         split = difference(settled_counters(stack), before)
@@ -433,29 +434,39 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="8 conversations, one repeat (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="8 conversations, one repeat")
+    parser.add_argument("--smoke", action="store_true", help="2 conversations, one repeat, one warm-up pair")
     parser.add_argument("--repeats", type=int, default=None, help="runs of each configuration (default 2)")
     parser.add_argument("--sessions", type=int, default=None, help="conversations per run (default 40)")
-    args = parser.parse_args()
-    sessions = args.sessions or (8 if args.quick else 40)
-    repeats = args.repeats or (1 if args.quick else 2)
-    talks, singles = make_conversations(sessions, seed=16), make_requests(sessions, seed=160)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
+    args = parser.parse_args(argv)
+    args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    args.sessions = args.sessions or {"smoke": 2, "quick": 8, "full": 40}[args.mode]
+    args.repeats = args.repeats or (2 if args.mode == "full" else 1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    talks, singles = make_conversations(args.sessions, seed=16), make_requests(args.sessions, seed=160)
     load_before, runs = load_average(), []
-    for repeat in range(1, repeats + 1):
+    for repeat in range(1, args.repeats + 1):
         for config in CONFIGS:
             print(f"run {repeat}: {config.name} ...", flush=True)
-            run = {"repeat": repeat, **run_config(config, talks, singles, f"r{repeat}")}
+            warm_pairs = 1 if args.mode == "smoke" else 12
+            run = {"repeat": repeat, **run_config(config, talks, singles, f"r{repeat}", warm_pairs)}
             print(json.dumps({k: v for k, v in run.items() if k != "logs"}), flush=True)
             runs.append(run)
     failure = verdict(runs)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, 1 torch thread per worker",
-        "sessions": sessions,
+        "mode": args.mode,
+        "sessions": args.sessions,
         "load_before": load_before,
         "load_after": load_average(),
         "runs": runs,
@@ -464,10 +475,10 @@ def main() -> int:
         if failure
         else "OK: routing on with 2 workers keeps 1 worker's hit rate.",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "scale_bench_quick" if args.quick else "scale_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "scale_bench" + ("" if args.mode == "full" else f"_{args.mode}")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{name}.md").write_text(markdown(result))
     print(markdown(result))
     return 1 if failure else 0
 

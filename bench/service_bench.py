@@ -1,7 +1,7 @@
 """End-to-end service benchmark: vlmq (gateway + Celery decode + inference worker) beside
 ``transformers serve`` (a peer), same checkpoint, same requests, same ``openai``-client load.
 
-    python -m bench.service_bench [--quick] [--levels 1,8,32] [--model PATH]
+    python -m bench.service_bench [--quick | --smoke] [--levels 1,8,32] [--model PATH] [--out DIR]
 
 Closed loop at each concurrency: every client sends its next request when the previous one
 ends. Per level, three runs: the peer through the openai client (streaming), vlmq through
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +34,9 @@ import httpx
 import openai
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.profiling import Profiler
+from bench.resources import Meter, Reading, cost, memory_by_kind
+from bench.service_report import HOPS, markdown
 from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
 from scripts.redis_launcher import free_port, start_redis
 from tests.support.models import test_model_path
@@ -48,12 +53,12 @@ REQUEST_TIMEOUT_S = 120  # a stuck request is recorded as an error, the run goes
 class Peer:
     """``transformers serve`` in a subprocess that first imports ``services`` (processor class)."""
 
-    def __init__(self, model: str, threads: int, log: Path) -> None:
+    def __init__(self, model: str, threads: int, log: Path, device: str = "cpu", dtype: str = "auto") -> None:
         self.model, self.port, self.log = model, free_port(), log
         code = (
             "import sys, services\nfrom transformers.cli.transformers import main\n"
             f"sys.argv = ['transformers', 'serve', {model!r}, '--host', '127.0.0.1', '--port', '{self.port}',"
-            " '--device', 'cpu', '--log-level', 'warning']\nmain()"
+            f" '--device', {device!r}, '--dtype', {dtype!r}, '--log-level', 'warning']\nmain()"
         )
         env = {
             **os.environ,
@@ -95,25 +100,35 @@ class Peer:
 
 
 # --- clients ---
-async def openai_call(client: openai.AsyncOpenAI, model: str, req: BenchRequest) -> Sample:
-    start, ttft, parts = time.perf_counter(), None, []
+async def openai_call(
+    client: openai.AsyncOpenAI,
+    model: str,
+    req: BenchRequest,
+    max_tokens: int = MAX_TOKENS,
+    extra: dict[str, Any] | None = None,
+) -> Sample:
+    """One streamed chat completion; ``extra``: more arguments (e.g. ``stream_options`` for vlmq)."""
+    start, ttft, parts, completion = time.perf_counter(), None, [], None
     messages: Any = req.openai_messages()
     try:
         stream: Any = await client.chat.completions.create(
             model=model,
             messages=messages,
-            max_tokens=MAX_TOKENS,
+            max_tokens=max_tokens,
             temperature=0,
             stream=True,
             extra_headers=NO_CACHE,
+            **(extra or {}),
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 ttft = ttft if ttft is not None else time.perf_counter() - start
                 parts.append(chunk.choices[0].delta.content)
+            if getattr(chunk, "usage", None) is not None:
+                completion = chunk.usage.completion_tokens
     except openai.APIError as exc:
         return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), error=str(exc))
-    return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts))
+    return Sample(req.index, time.perf_counter() - start, ttft, "".join(parts), completion_tokens=completion)
 
 
 async def ws_call(ws: ClientConnection, req: BenchRequest) -> Sample:
@@ -201,41 +216,32 @@ async def run_mode(
 
 # --- engine only ---
 def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[tuple[float, str]]:
-    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does),
-    with the servers' torch thread count."""
+    """Seconds and text of ``Engine.generate_sync`` per request (pixels made as the decode and
+    inference workers make them), with the servers' torch thread count."""
     import torch
 
     import services  # noqa: F401  (registers the processor)
     from services.engine import Engine, EngineConfig
-    from services.inference_worker.engine_request import build_request, image_input
+    from services.inference_worker.engine_request import build_request
     from services.vlm.image_processor import ImageProcessorHandle
-    from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
-    from shared.tensors import pack_tensors, unpack_tensors
-    from worker.imaging import decode_image
+    from tests.support.reference import decoded_image
 
     torch.set_num_threads(threads)
     engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
     engine.prewarm()
     engine.start()
     handle = ImageProcessorHandle.load(model)
-    settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
     out: list[tuple[float, str]] = []
     try:
         for req in [requests[0], *requests]:  # the first run warms up and is dropped
-            img = decode_image(
-                req.image, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft
-            )
-            tensors = unpack_tensors(pack_tensors(handle(img)))
             spec = JobSpec(
                 job_id=f"e{req.index}",
                 created_at=time.time(),
                 messages=[ChatTurn(role="user", text=req.question, image=True)],
                 sampling=SamplingSpec(max_tokens=MAX_TOKENS),
             )
-            request = build_request(
-                spec, f"engine-{len(out)}", image_input(tensors, hashlib.sha256(req.image).hexdigest())
-            )
+            request = build_request(spec, f"engine-{len(out)}", decoded_image(handle, req.image))
             start = time.perf_counter()
             events = engine.generate_sync(request, timeout_s=120)
             out.append((time.perf_counter() - start, "".join(e.text for e in events)))
@@ -245,6 +251,16 @@ def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[
 
 
 # --- report ---
+def load_average() -> str:
+    """The machine's load averages (1, 5, 15 min): how busy the shared machine was."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def checkpoint_sha256(model: str) -> str:
+    weights = Path(model) / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else "?"
+
+
 def overhead(samples: list[Sample], engine: list[tuple[float, str]]) -> dict[str, float | None]:
     diffs = [s.e2e - engine[i][0] for i, s in enumerate(samples) if s.error is None]
     return {
@@ -253,17 +269,6 @@ def overhead(samples: list[Sample], engine: list[tuple[float, str]]) -> dict[str
         "overhead_p50": pct(diffs, 50),
         "overhead_p90": pct(diffs, 90),
     }
-
-
-HOPS = {
-    "gateway_in": "client send -> job accepted (WS frame, JSON, base64, sha256, JobSpec)",
-    "queue": "accepted -> decode started (MULTI writes, Celery LPUSH, broker pickup)",
-    "decode": "image bytes -> tensor stored (Pillow, image processor, msgpack)",
-    "wait": "tensor handed over -> engine admission (stream wake, job + tensor load, prompt)",
-    "engine": "vision + prefill + generation (the engine's own timings)",
-    "worker_other": "rest of the server total (token/finish writes, gaps between engine stages)",
-    "stream_out": "terminal event written -> client has it (XREAD wake, WS send)",
-}
 
 
 def hop_breakdown(samples: list[Sample], created: dict[str, float]) -> dict[str, dict[str, float | None]]:
@@ -306,101 +311,161 @@ def agreement(a: list[Sample], b: list[Sample]) -> dict[str, Any]:
     return {"compared": len(pairs), "identical": same, "mismatches": mismatches[:5]}
 
 
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
+def meter_for(stack: ServiceStack, peer: Peer) -> Meter:
+    groups = {name: proc.pid for name, proc in stack.procs.items()}
+    return Meter(stack.redis, stack.keys, {**groups, "peer": peer.proc.pid})
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = [
-        f"# Service benchmark ({result['when']}, {result['machine']})",
-        "",
-        f"model `{result['model']}`, max_tokens {MAX_TOKENS}, greedy, JPEG 320-1024 px, closed loop",
-        "",
-        "| server | conc | req | QPS | e2e p50 | p90 | p99 | TTFT p50 | p90 | p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in result["runs"]:
-        s = row["summary"]
-        lines.append(
-            f"| {row['mode']} | {row['concurrency']} | {s['requests']} | {s['qps']:.2f} | "
-            f"{ms(s['e2e_p50'])} | {ms(s['e2e_p90'])} | {ms(s['e2e_p99'])} | {ms(s['ttft_p50'])} | "
-            f"{ms(s['ttft_p90'])} | {ms(s['ttft_p99'])} |"
-        )
-    lines += [
-        "",
-        "Times in ms. vlmq per-stage p50 (vlmq-ws, server-side):",
-        "",
-        "| conc | " + " | ".join(result["stage_names"]) + " |",
-        "|---|" + "---|" * len(result["stage_names"]),
-    ]
-    for row in result["runs"]:
-        if row["mode"] == "vlmq-ws" and "stages_p50" in row["summary"]:
-            stages = row["summary"]["stages_p50"]
-            lines.append(
-                f"| {row['concurrency']} | " + " | ".join(ms(stages[k]) for k in result["stage_names"]) + " |"
-            )
-    lines += [
-        "",
-        "Per hop at concurrency 1 (vlmq-ws; ms):",
-        "",
-        "| hop | p50 | p90 | what |",
-        "|---|---|---|---|",
-    ]
-    for name, what in HOPS.items():
-        hop = result["hops_c1"][name]
-        lines.append(f"| {name} | {ms(hop['p50'])} | {ms(hop['p90'])} | {what} |")
-    o = result["overhead"]
-    lines += [
-        "",
-        f"Pipeline overhead at concurrency 1 (vlmq-ws e2e minus engine-only, same requests): "
-        f"p50 {ms(o['overhead_p50'])} ms, p90 {ms(o['overhead_p90'])} ms "
-        f"(engine-only p50 {ms(o['engine_p50'])} ms, e2e p50 {ms(o['e2e_p50'])} ms).",
-        f"Answers: vlmq vs transformers serve identical {result['agreement']['identical']}/"
-        f"{result['agreement']['compared']}; vlmq vs engine-only identical "
-        f"{result['engine_agreement']['identical']}/{result['engine_agreement']['compared']}.",
-    ]
-    return "\n".join(lines) + "\n"
+async def measured_run(
+    meter: Meter,
+    mode: str,
+    stack: ServiceStack,
+    peer: Peer,
+    model: str,
+    requests: list[BenchRequest],
+    c: int,
+    profile: Path | None = None,
+) -> tuple[list[Sample], dict[str, Any]]:
+    """One run with its cost: readings before and after (the engine's counters written after it);
+    ``profile``: py-spy records every stack process into that folder meanwhile."""
+    before = await asyncio.to_thread(meter.read)
+    with Profiler(profile, meter.groups) if profile else contextlib.nullcontext():
+        samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
+    after = await asyncio.to_thread(meter.read, time.time())
+    summary = summarize(samples, wall)
+    print(f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}")
+    return samples, {
+        "mode": mode,
+        "concurrency": c,
+        "summary": summary,
+        "cost": cost(before, after, len(samples)),
+    }
 
 
 async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> dict[str, Any]:
     per_level = {c: max(args.requests, 2 * c) for c in args.levels}
     runs: list[dict[str, Any]] = []
     c1: dict[str, tuple[list[BenchRequest], list[Sample]]] = {}
-    warm = make_requests(2, seed=999)
+    meter = meter_for(stack, peer)
+    warm = make_requests(1 if args.mode == "smoke" else 2, seed=999)
     for mode in MODES:  # warm-up: model loads, first-request costs
         await run_mode(mode, stack, peer, stack.settings.model_name, args.model, warm, 1)
     for c in args.levels:
         shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
         for mode in MODES:
             requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
-            samples, wall = await run_mode(
-                mode, stack, peer, stack.settings.model_name, args.model, requests, c
-            )
-            summary = summarize(samples, wall)
-            print(
-                f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}"
-            )
-            runs.append({"mode": mode, "concurrency": c, "summary": summary})
+            profile = args.profile if (mode, c) == ("vlmq-openai", max(args.levels)) else None
+            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c, profile)
+            runs.append(run)
             if c == 1:
                 c1[mode] = (requests, samples)
     ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []
-    return {"runs": runs, "c1": c1, "created": created_times(stack, ws_samples)}
+    created = created_times(stack, ws_samples)
+    memory = await sustain(args, stack, meter) if args.sustain_s > 0 else None
+    return {"runs": runs, "c1": c1, "created": created, "memory": memory}
 
 
-def main() -> int:
+async def sustain(args: argparse.Namespace, stack: ServiceStack, meter: Meter) -> dict[str, Any]:
+    """vlmq-openai at the highest level for ``sustain_s`` seconds: Redis memory per job at steady
+    state (every job within the job TTL). Each request's JPEG is made unique (a numbered comment
+    segment), so every job stores its own image bytes and pixels, as with real traffic."""
+    pool, c = make_requests(args.sustain_pool, seed=777), max(args.levels)
+    client = openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="bench", max_retries=0)
+    kinds_before = await asyncio.to_thread(memory_by_kind, stack.redis, stack.key_prefix)
+    before, peak, sent, done = meter.read(), 0, 0, 0
+    end = time.monotonic() + args.sustain_s
+
+    async def worker() -> None:
+        nonlocal sent, done
+        while time.monotonic() < end:
+            sent += 1
+            req = unique_request(pool[sent % len(pool)], sent)
+            sample = await openai_call(client, stack.settings.model_name, req)
+            done += sample.error is None
+            if sample.error:
+                print("sustain error:", sample.error[:300])
+
+    async def watch() -> None:
+        nonlocal peak
+        while time.monotonic() < end:
+            peak = max(peak, int(stack.redis.info("memory")["used_memory"]))
+            await asyncio.sleep(1.0)
+
+    started = time.monotonic()
+    await asyncio.gather(watch(), *(worker() for _ in range(c)))
+    await client.close()
+    seconds = time.monotonic() - started
+    after = await asyncio.to_thread(meter.read, time.time())
+    kinds_after = await asyncio.to_thread(memory_by_kind, stack.redis, stack.key_prefix)
+    return memory_summary(before, after, kinds_before, kinds_after, done, seconds, c, peak)
+
+
+def unique_request(req: BenchRequest, n: int) -> BenchRequest:
+    """The same picture with a JPEG comment (COM segment) naming ``n``: new bytes, new digest."""
+    text = f"vlmq bench {n}".encode()
+    comment = b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text
+    return dataclasses.replace(req, image=req.image[:2] + comment + req.image[2:])
+
+
+def memory_summary(
+    before: Reading,
+    after: Reading,
+    kinds_before: dict[str, tuple[int, int]],
+    kinds_after: dict[str, tuple[int, int]],
+    jobs: int,
+    seconds: float,
+    c: int,
+    peak: int,
+) -> dict[str, Any]:
+    """``used_memory`` growth per job over the sustained load, and each kind of key's share of it."""
+    zero = (0, 0)
+    grown = {
+        kind: (n - kinds_before.get(kind, zero)[0], size - kinds_before.get(kind, zero)[1])
+        for kind, (n, size) in kinds_after.items()
+    }
+    images = sum(size for kind, (_, size) in grown.items() if kind.startswith("img"))
+    used = after.used_memory - before.used_memory
+    return {
+        "jobs": jobs,
+        "seconds": seconds,
+        "concurrency": c,
+        "used_before": before.used_memory,
+        "used_after": after.used_memory,
+        "used_peak": max(peak, after.used_memory),
+        "bytes_per_job": used / max(jobs, 1),
+        "bytes_per_job_without_images": (used - images) / max(jobs, 1),
+        "by_kind": grown,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
-    parser.add_argument("--levels", default="1,8,32", help="concurrency levels")
+    parser.add_argument("--quick", action="store_true", help="fewer requests")
+    parser.add_argument("--smoke", action="store_true", help="seconds: every code path once (make test)")
+    parser.add_argument("--levels", default=None, help="concurrency levels (default 1,8,32; smoke 1,2)")
     parser.add_argument("--model", default=str(test_model_path()), help="checkpoint served by both")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
-    args = parser.parse_args()
-    args.levels = [int(x) for x in args.levels.split(",")]
-    args.requests = 6 if args.quick else 16
-    logs = Path(tempfile.mkdtemp(prefix="vlmq-bench-"))
-    redis_server = start_redis()
-    env = {
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy every process of the top vlmq-openai run into DIR"
+    )
+    parser.add_argument(
+        "--sustain-s", type=float, default=None, help="sustained load for Redis memory (default 300; 0: none)"
+    )
+    args = parser.parse_args(argv)
+    args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    args.levels = [int(x) for x in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
+    args.requests = {"smoke": 2, "quick": 6, "full": 16}[args.mode]
+    if args.sustain_s is None:
+        args.sustain_s = {"smoke": 2.0, "quick": 30.0, "full": 300.0}[args.mode]
+    args.sustain_pool = 8 if args.mode == "smoke" else 128
+    return args
+
+
+def stack_env(args: argparse.Namespace) -> dict[str, str]:
+    return {
         "VLMQ_MODEL": args.model,
         "VLMQ_DECODE_CONCURRENCY": "2",
         "OMP_NUM_THREADS": str(args.threads),
@@ -411,23 +476,41 @@ def main() -> int:
         "VLMQ_VISIBILITY_TIMEOUT_S": "300",
         "VLMQ_WORKER_STALE_S": "10",
     }
-    stack = ServiceStack(redis_server.url, logs, extra_env=env, components=ALL)
+
+
+def run_servers(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    """Start Redis, the stack and the peer; measure every level; stop everything."""
+    redis_server = start_redis()
+    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
     peer = Peer(args.model, args.threads, logs / "transformers-serve.log")
     try:
         stack.start()
         peer.wait_ready()
-        measured = asyncio.run(measure(args, stack, peer))
+        return asyncio.run(measure(args, stack, peer))
     finally:
         peer.stop()
         stack.stop()
         redis_server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="vlmq-bench-"))
+    load_before = load_average()
+    measured = run_servers(args, logs)
+    load_after = load_average()
     ws_requests, ws_samples = measured["c1"]["vlmq-ws"]
     engine = engine_only(args.model, ws_requests, args.threads)
     peer_c1, vlmq_c1 = measured["c1"]["peer-openai"][1], measured["c1"]["vlmq-openai"][1]
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s) per server",
+        "mode": args.mode,
         "model": args.model,
+        "model_sha256": checkpoint_sha256(args.model),
+        "load_before": load_before,
+        "load_after": load_after,
+        "memory": measured["memory"],
         "max_tokens": MAX_TOKENS,
         "levels": args.levels,
         "runs": measured["runs"],
@@ -440,10 +523,10 @@ def main() -> int:
         ),
         "logs": str(logs),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "service_bench_quick" if args.quick else "service_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "service_bench" + ("" if args.mode == "full" else f"_{args.mode}")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 

@@ -71,6 +71,7 @@ class Sample:
     error: str | None = None
     job_id: str | None = None  # vlmq's job id (WebSocket runs)
     sent_at: float | None = None  # wall clock (time.time()) when the request was sent
+    completion_tokens: int | None = None  # as the server's usage said (OpenAI runs), if it said
 
 
 def pct(values: list[float], q: float) -> float | None:

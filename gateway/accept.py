@@ -51,13 +51,17 @@ class Accepted:
     headers: dict[str, str] = field(default_factory=dict)  # the tenant's rate-limit headers
 
 
-async def submit(state: GatewayState, sub: Submission) -> Accepted:
+async def submit(state: GatewayState, sub: Submission, route: str | None = None) -> Accepted:
     """Build the job from a submission, charge its tenant's quotas, accept it (or refuse it,
-    leaving nothing behind but the quota counts)."""
-    job = await build_job(state, sub)
-    spec = job.spec
-    headers = await charge(state.redis, state.keys, sub.tenant, spec.job_id, spec.sampling.max_tokens)
-    accepted = await accept_job(state, job, sub.use_result_cache)
+    leaving nothing behind but the quota counts). ``route`` labels the metrics (default: the
+    submission's source)."""
+    route = route or sub.source
+    with state.metrics.submit_seconds.labels(route).time():
+        job = await build_job(state, sub)
+        spec = job.spec
+        headers = await charge(state.redis, state.keys, sub.tenant, spec.job_id, spec.sampling.max_tokens)
+        accepted = await accept_job(state, job, sub.use_result_cache)
+    state.metrics.submitted.labels(route).inc()
     accepted.headers = headers
     return accepted
 
@@ -69,7 +73,6 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     if cached is not None:
         await _write(state, job, cached, conversation=True)
         await count_outcome(state, JobStatus.DONE)
-        state.metrics.submitted.labels(spec.source).inc()
         return Accepted(spec, JobStatus.DONE, cached)
     await admit(state.redis, state.keys, spec.job_id, state.settings.max_queue_depth, state.throughput)
     try:
@@ -77,7 +80,6 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     except NotReplicated as exc:
         raise await _not_replicated(state, spec.job_id, exc) from exc
     status = await _enqueue(state, job)
-    state.metrics.submitted.labels(spec.source).inc()
     return Accepted(spec, status)
 
 
@@ -162,7 +164,9 @@ async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.Cac
     if key is None:
         return None
     hit = result_cache.decode(await state.redis.get(key))
-    state.metrics.result_cache.labels("hit" if hit else "miss").inc()
+    state.metrics.result_cache_lookups.inc()
+    if hit is not None:
+        state.metrics.result_cache_hits.inc()
     return hit
 
 

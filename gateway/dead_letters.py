@@ -43,4 +43,7 @@ async def retry_dead_letter(state: GatewayState, job_id: str) -> Accepted:
     spec = record.spec.model_copy(
         update={"job_id": new_id(), "created_at": now, "deadline": now + state.settings.max_job_s}
     )
-    return await accept_job(state, PreparedJob(spec=spec), use_result_cache=False)
+    with state.metrics.submit_seconds.labels("retry").time():
+        accepted = await accept_job(state, PreparedJob(spec=spec), use_result_cache=False)
+    state.metrics.submitted.labels("retry").inc()
+    return accepted

@@ -153,7 +153,7 @@ async def _job_submission(
         options=GenerationOptions.model_validate(
             params.model_dump(include=set(GenerationOptions.model_fields))
         ),
-        response_format=parse_response_format(response_format, params.stop),
+        response_format=parse_response_format(response_format, params.stop, params.min_tokens),
         image=await read_image(image, settings) if image is not None else None,
         timeout_s=params.timeout_s,
         use_cache=params.use_cache,
@@ -185,11 +185,13 @@ async def from_openai(
             "top_k": req.top_k or 0,
             "seed": req.seed,
             "stop": req.stop or [],
+            "min_tokens": req.min_tokens,
+            "ignore_eos": req.ignore_eos,
         },
     )
     check_max_tokens(options, settings)
     check_conversation_size(req.messages, settings)
-    response_format = parse_response_format(req.response_format, options.stop)
+    response_format = parse_response_format(req.response_format, options.stop, options.min_tokens)
     turns, image = await _openai_turns(req.messages, settings)
     return Submission(
         source="openai",

@@ -52,6 +52,8 @@ def sampling_spec(
         top_k=options.top_k,
         seed=seed,
         stop=options.stop,
+        min_tokens=options.min_tokens,
+        ignore_eos=options.ignore_eos,
         response_format=response_format,
     )
 

@@ -62,6 +62,8 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=ID_PATTERN)
     priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
+    min_tokens: int = Field(0, ge=0)  # vLLM's extra sampling parameters
+    ignore_eos: bool = False
     response_format: dict[str, Any] | None = None  # checked by gateway.response_format
 
 

@@ -30,6 +30,10 @@ class GenerationOptions(BaseModel):
     top_k: int = Field(0, ge=0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: list[str] = Field(default_factory=list, max_length=8)
+    min_tokens: int = Field(
+        0, ge=0, description="No end of answer (EOS or a stop string) before this many tokens (vLLM's)"
+    )
+    ignore_eos: bool = Field(False, description="Keep generating past EOS, up to max_tokens (vLLM's)")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -86,6 +90,10 @@ def check_text(field: str, text: str, settings: GatewaySettings) -> None:
 def check_max_tokens(options: GenerationOptions, settings: GatewaySettings) -> None:
     if options.max_tokens is not None and options.max_tokens > settings.max_tokens_limit:
         raise APIError(422, f"max_tokens: at most {settings.max_tokens_limit}", param="max_tokens")
+    max_tokens = options.max_tokens or settings.default_max_tokens
+    if options.min_tokens > max_tokens:
+        message = f"min_tokens: at most max_tokens ({max_tokens}), got {options.min_tokens}"
+        raise APIError(422, message, param="min_tokens")
 
 
 def check_job_id(job_id: str) -> str:

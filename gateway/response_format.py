@@ -40,9 +40,9 @@ SCHEMA_VALUES = ("items", "additionalProperties")  # subschema (or a boolean)
 UNSAFE_PATTERN = re.compile(r"\(\?[^:]|\\[1-9pPk]")  # lookaround, named groups, flags, backrefs, \p
 
 
-def parse_response_format(value: Any, stop: list[str]) -> ResponseFormat | None:
-    """A request's ``response_format`` (a dict, or its JSON text from a form field); ``stop``: the
-    request's stop strings (a stop string could cut a JSON answer short, so not with one)."""
+def parse_response_format(value: Any, stop: list[str], min_tokens: int = 0) -> ResponseFormat | None:
+    """A request's ``response_format`` (a dict, or its JSON text from a form field). Not with stop
+    strings (one could cut the JSON short) nor ``min_tokens`` (it could forbid the EOS that ends it)."""
     raw = _as_object(value)
     if raw is None:
         return None
@@ -53,6 +53,8 @@ def parse_response_format(value: Any, stop: list[str]) -> ResponseFormat | None:
         _refuse("type must be one of 'text', 'json_object', 'json_schema'", "response_format.type")
     if stop:
         _refuse("stop strings cannot be combined with a JSON response format", "stop")
+    if min_tokens:
+        _refuse("min_tokens cannot be combined with a JSON response format", "min_tokens")
     if kind == "json_object":
         return ResponseFormat(type="json_object")
     spec = raw.get("json_schema")

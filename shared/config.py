@@ -58,7 +58,9 @@ class CommonSettings(BaseSettings):
     model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
     model_name: str = Field("vlmq-tiny", description="Model id reported by /v1/models and responses")
     job_ttl_s: int = Field(3600, description="How long job records and event streams are kept")
-    image_ttl_s: int = Field(900, description="How long uploaded image bytes and decoded tensors are kept")
+    image_ttl_s: int = Field(
+        900, description="How long uploaded image bytes are kept after last use (later turns decode them)"
+    )
     session_ttl_s: int = Field(1800, description="How long a stored conversation is kept after its last turn")
     max_image_bytes: int = Field(10 * 1024 * 1024, description="Largest accepted upload")
     max_image_pixels: int = Field(
@@ -96,8 +98,11 @@ class CommonSettings(BaseSettings):
     @model_validator(mode="after")
     def _production_secrets(self) -> Self:
         password = urlsplit(self.redis_url.split(";")[0]).password
-        if self.env == "production" and password in KNOWN_DEFAULTS:
-            raise ValueError("the Redis password is a known default: set VLMQ_REDIS_PASSWORD / the URL's own")
+        if self.env == "production" and (not password or password in KNOWN_DEFAULTS):
+            raise ValueError(
+                "VLMQ_ENV=production needs a Redis password of your own in VLMQ_REDIS_URL "
+                "(missing or a known default)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -237,6 +242,11 @@ class InferenceSettings(CommonSettings):
         0.0005,
         description="Python GIL switch interval: I/O threads (event writer, stream reader) wait at most "
         "this long for the engine thread (Python's default 5 ms delayed each token event)",
+    )
+    torch_threads: int = Field(
+        0,
+        description="torch intra-op threads of the inference worker; 0: OMP_NUM_THREADS if set, else half "
+        "the CPUs (1 on a 2-core box, which the decode workers, gateway and Redis share)",
     )
 
 

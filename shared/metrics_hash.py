@@ -2,25 +2,58 @@
 
 Field names are Prometheus series names with labels, values are numbers, e.g.::
 
-    jobs_total{outcome="done"}                     -> 42
-    stage_seconds_bucket{stage="decode",le="0.05"} -> 17   (cumulative, like Prometheus)
-    stage_seconds_sum{stage="decode"}              -> 1.93
-    stage_seconds_count{stage="decode"}            -> 40
+    jobs_total{outcome="done"}                                       -> 42
+    request_queue_time_seconds_bucket{le="0.05",stage="decode"}      -> 17   (cumulative, like Prometheus)
+    request_queue_time_seconds_sum{stage="decode"}                   -> 1.93
+    request_queue_time_seconds_count{stage="decode"}                 -> 40
 
 Workers write with ``inc``/``observe`` (HINCRBY/HINCRBYFLOAT on any sync or async pipeline);
-the gateway's ``/metrics`` reads the hash with ``parse_series`` and exposes each family with a
-``vlmq_`` prefix. Many processes may write the same hash: increments add up cluster-wide.
+the gateway's ``/metrics`` reads the hash with ``parse_series`` and exposes each family of
+``FAMILIES`` with a ``vlmq_`` prefix. Many processes may write the same hash: increments add up
+cluster-wide, so no series here carries a worker label (worker ids come and go; the hash stays).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 # Seconds buckets for stage latencies / TTFT; inter-token latency uses the low end.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+
+
+@dataclass(frozen=True)
+class Family:
+    kind: str  # counter (name ends in _total) or histogram
+    help: str
+
+
+# Every family the hash may hold; ``inc``/``observe`` refuse other names, /metrics shows only these.
+# Names follow vLLM's (``vllm:time_to_first_token_seconds`` -> ``vlmq_time_to_first_token_seconds``)
+# where the meaning is the same; vLLM's "decode" is token generation, vlmq's image decoding is
+# ``request_image_decode_time_seconds``. Durations are observed for jobs that end done.
+FAMILIES: dict[str, Family] = {
+    "jobs_total": Family("counter", "Jobs that reached a terminal state, by outcome"),
+    "sweeper_actions_total": Family("counter", "Stuck or overdue jobs the sweeper acted on, by action"),
+    "process_restarts_total": Family("counter", "Processes `make up` restarted, by process"),
+    "time_to_first_token_seconds": Family("histogram", "Accepted -> first token"),
+    "e2e_request_latency_seconds": Family("histogram", "Accepted -> done"),
+    "inter_token_latency_seconds": Family("histogram", "Between two token events of a job"),
+    "request_queue_time_seconds": Family(
+        "histogram",
+        "Waiting per stage: decode (accepted -> decode started), inference (tensor ready -> in a batch)",
+    ),
+    "request_image_decode_time_seconds": Family("histogram", "Image bytes -> pixel tensor (decode worker)"),
+    "request_vision_time_seconds": Family("histogram", "Vision encoder (0 on an image-cache hit)"),
+    "request_prefill_time_seconds": Family("histogram", "Prompt prefill"),
+    "request_decode_time_seconds": Family("histogram", "First token -> last token (token generation)"),
+    "request_prompt_tokens": Family("histogram", "Prompt tokens per job"),
+    "request_generation_tokens": Family("histogram", "Generated tokens per job"),
+}
 
 _SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(\{(?P<labels>.*)\})?$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
@@ -36,6 +69,7 @@ def series(name: str, **labels: object) -> str:
 
 def inc(pipe: Any, key: str, name: str, amount: float = 1, **labels: object) -> None:
     """Add ``amount`` to a counter (HINCRBY for ints, HINCRBYFLOAT otherwise)."""
+    _known(name, "counter")
     field = series(name, **labels)
     if isinstance(amount, int):
         pipe.hincrby(key, field, amount)
@@ -52,6 +86,7 @@ def observe(
     **labels: object,
 ) -> None:
     """One histogram observation: cumulative ``_bucket`` counts, ``_sum`` and ``_count``."""
+    _known(name, "histogram")
     for bound in (*buckets, math.inf):
         if value <= bound:
             pipe.hincrby(key, series(f"{name}_bucket", **labels, le=_le(bound)), 1)
@@ -68,6 +103,7 @@ def observe_many(
     **labels: object,
 ) -> None:
     """Many observations in one go (bucket counts summed here: at most len(buckets) + 3 commands)."""
+    _known(name, "histogram")
     if not values:
         return
     for bound in (*buckets, math.inf):
@@ -85,6 +121,12 @@ def parse_series(field: str) -> tuple[str, dict[str, str]] | None:
         return (name, {}) if name and not name[0].isdigit() else None
     labels = {k: _unescape(v) for k, v in _LABEL.findall(match.group("labels") or "")}
     return match.group("name"), labels
+
+
+def _known(name: str, kind: str) -> None:
+    family = FAMILIES.get(name)
+    if family is None or family.kind != kind:
+        raise ValueError(f"{name!r} is not a {kind} of shared.metrics_hash.FAMILIES")
 
 
 def _le(bound: float) -> str:

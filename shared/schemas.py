@@ -47,6 +47,8 @@ class SamplingSpec(BaseModel):
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
+    min_tokens: int = 0  # no EOS and no stop string before this many tokens (vLLM's min_tokens)
+    ignore_eos: bool = False  # generate past EOS until max_tokens or a stop string (vLLM's ignore_eos)
     response_format: ResponseFormat | None = None
 
     @property

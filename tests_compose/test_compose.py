@@ -49,7 +49,7 @@ def reference() -> Iterator[Reference]:
 
 @pytest.fixture
 async def client(stack: ComposeStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60, headers=stack.auth_headers) as c:
         yield c
 
 
@@ -66,6 +66,22 @@ async def submit(client: httpx.AsyncClient, data: bytes, prompt: str, name: str 
     )
     assert resp.status_code == 202, resp.text
     return str(resp.json()["id"])
+
+
+# --- secrets: generated once on a clean clone, required everywhere ---
+
+
+async def test_generated_secrets_are_required_and_kept(stack: ComposeStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as anonymous:
+        assert (await anonymous.get("/v1/models")).status_code == 401
+        wrong = {"Authorization": "Bearer wrong"}
+        assert (await anonymous.get("/v1/models", headers=wrong)).status_code == 401
+        assert (await anonymous.get("/v1/models", headers=stack.auth_headers)).status_code == 200
+        assert (await anonymous.get("/docs")).status_code == 404  # production: no API docs
+        assert (await anonymous.get("/healthz")).status_code == 200  # probes stay open
+    again = stack.compose("run", "--rm", "--no-deps", "secrets", timeout=120)
+    assert "all present" in again and stack.api_key not in again  # printed once, then kept
+    assert stack.redis.ping()
 
 
 # --- every client route, answers equal to the engine's ---
@@ -97,7 +113,7 @@ async def test_chat_websocket(stack: ComposeStack, reference: Reference) -> None
         "max_tokens": 16,
         "no_cache": True,
     }
-    async with connect(f"{stack.ws_url}/v1/chat/ws") as ws:
+    async with connect(f"{stack.ws_url}/v1/chat/ws", additional_headers=stack.auth_headers) as ws:
         await ws.send(json.dumps(message))
         accepted = json.loads(await ws.recv())
         assert accepted["type"] == "accepted", accepted
@@ -121,7 +137,7 @@ async def test_openai_route(stack: ComposeStack, reference: Reference) -> None:
             ],
         }
     ]
-    async with openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused") as oai:
+    async with openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key) as oai:
         full = await oai.chat.completions.create(
             model="vlmq-tiny", messages=messages, max_tokens=16, temperature=0, extra_headers=NO_CACHE
         )

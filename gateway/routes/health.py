@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.auth import TenantDep
 from gateway.deps import StateDep
-from gateway.metrics import read_heartbeats
+from gateway.metrics_redis import read_heartbeats
 from gateway.state import GatewayState
 
 router = APIRouter(tags=["health"])

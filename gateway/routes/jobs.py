@@ -52,8 +52,7 @@ async def submit_job(
 ) -> JSONResponse:
     """Multipart (file in ``image``) or JSON (``image`` as base64 / data URL) -> 202 + URLs."""
     submission = (await from_http(request, state.settings, no_cache)).by(tenant)
-    with state.metrics.submit_seconds.time():
-        accepted = await submit(state, submission)
+    accepted = await submit(state, submission)
     request.state.job_id = accepted.spec.job_id  # for the audit log
     body = accepted_body(request, accepted)
     headers = {

@@ -60,9 +60,8 @@ async def chat_completions(
 ) -> JSONResponse | EventSourceResponse:
     slot = state.stream_slots.take()  # even a non-streaming answer waits on the job's event stream
     try:
-        with state.metrics.submit_seconds.time():
-            submission = await from_openai(body, state.settings, x_session_id, no_cache)
-            accepted = await submit(state, submission.by(tenant))
+        submission = await from_openai(body, state.settings, x_session_id, no_cache)
+        accepted = await submit(state, submission.by(tenant))
         request.state.job_id = accepted.spec.job_id  # for the audit log
         return await _answer(body, request, state, accepted, no_cache, slot)
     except BaseException:

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 
 from gateway.auth import TenantDep
 from gateway.deps import StateDep
-from gateway.metrics import read_heartbeats
+from gateway.metrics_redis import read_heartbeats
 from gateway.queues import read_queues
 
 router = APIRouter(tags=["operations"])

@@ -44,6 +44,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks; like vLLM's ignore_eos)
+    min_tokens: int = 0  # like vLLM's: no EOS and no stop string before this many tokens
     structured: StructuredOutput | None = None  # None: free text
 
 

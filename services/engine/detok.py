@@ -22,10 +22,11 @@ class Detokenizer:
         self.prefix_offset = 0  # window start: tokens before it are fully in ``text``
         self.read_offset = 0  # tokens before it are in ``text``
 
-    def step(self, output_ids: list[int], final: bool) -> tuple[str, bool]:
-        """Delta to emit for the current outputs, and whether a stop string ended the text."""
+    def step(self, output_ids: list[int], final: bool, check_stop: bool = True) -> tuple[str, bool]:
+        """Delta to emit for the current outputs, and whether a stop string ended the text
+        (``check_stop`` False: not yet, the request's ``min_tokens`` are not reached)."""
         self.text += self._new_text(output_ids, final)
-        cut = self._find_stop()
+        cut = self._find_stop() if check_stop else None
         if cut is not None:
             return self._emit(cut), True
         if final:

@@ -48,6 +48,7 @@ class Engine:
         self.arch = Architecture(model, processor)
         self.prompts = PromptBuilder(self.arch, processor, self.config)
         self.eos_ids = frozenset(self.arch.eos_token_ids())
+        self._eos_order = tuple(sorted(self.eos_ids))
         self.grammars = LazyGrammars(self.arch.tokenizer, self.arch.vocab_size, self.eos_ids)
         max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
         self.scheduler = Scheduler(
@@ -239,7 +240,12 @@ class Engine:
             s.healthy = self._healthy
             s.caches = {c.name: c.stats() for c in self.runner.caches.all()}
             return EngineStats(
-                **{**s.__dict__, "batch_sizes": dict(s.batch_sizes), "finished": dict(s.finished)}
+                **{
+                    **s.__dict__,
+                    "batch_sizes": dict(s.batch_sizes),
+                    "prefill_sizes": dict(s.prefill_sizes),
+                    "finished": dict(s.finished),
+                }
             )
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -248,6 +254,7 @@ class Engine:
             if not self._healthy:  # a device error or too many failed steps: run nothing more
                 self._park()
                 continue
+            started = time.thread_time()
             with self._forward_lock:
                 batch = self.scheduler.schedule()
                 try:
@@ -256,6 +263,7 @@ class Engine:
                     log.exception("engine step failed")
                     self.runner.reset()
                     self._end_step([(seq, exc) for seq in self.scheduler.running], ran=False)
+            self._stats.step_cpu_s += time.thread_time() - started
 
     def _next_work(self) -> bool:
         """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""
@@ -287,7 +295,9 @@ class Engine:
         seqs = batch.prefill or batch.decode
         if not seqs:
             return
+        started = time.thread_time()
         logits, ran, failed = self._run(batch, seqs)
+        self._stats.forward_cpu_s += time.thread_time() - started
         self._stats.steps += 1
         self._end_step(failed, ran=bool(ran))
         if ran:
@@ -305,6 +315,8 @@ class Engine:
         """(logits, the sequences they belong to, the sequences the runner failed and why)."""
         if batch.prefill:
             self._stats.prefill_steps += 1
+            with self._cv:  # stats() copies these dicts under the same lock
+                self._stats.prefill_sizes[len(seqs)] = self._stats.prefill_sizes.get(len(seqs), 0) + 1
             return self._prefill_isolated(seqs)
         self._stats.decode_steps += 1
         with self._cv:  # stats() copies these dicts under the same lock
@@ -367,7 +379,8 @@ class Engine:
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         params, gens = [s.request.sampling for s in seqs], [s.generator for s in seqs]
-        tokens = sample(logits, params, gens, self._allowed(seqs, logits))
+        banned = [self._banned(s) for s in seqs]
+        tokens = sample(logits, params, gens, banned, self._allowed(seqs, logits))
         now = time.monotonic()
         done: list[tuple[Sequence, str]] = []
         broken: list[tuple[Sequence, Exception]] = []
@@ -384,7 +397,7 @@ class Engine:
             seq.output_ids.append(tok)
             self._stats.generated_tokens += 1
             reason = self._check_finish(seq, tok)
-            text, stopped = seq.detok.step(seq.output_ids, final=reason is not None)
+            text, stopped = seq.detok.step(seq.output_ids, reason is not None, self._past_minimum(seq))
             if stopped:
                 reason = FinishReason.STOP
                 text += seq.detok.step(seq.output_ids, final=True)[0]
@@ -407,6 +420,17 @@ class Engine:
         if all(s.grammar is None for s in seqs):
             return None
         return self.grammars.get().allowed([s.grammar for s in seqs], logits.device)
+
+    def _banned(self, seq: Sequence) -> tuple[int, ...]:
+        """EOS may not be sampled before ``min_tokens`` (vLLM's rule; the tokens about to be added
+        count: a row with ``len(output_ids) == min_tokens`` may end)."""
+        short = len(seq.output_ids) < seq.request.sampling.min_tokens
+        return self._eos_order if short and not seq.request.sampling.ignore_eos else ()
+
+    @staticmethod
+    def _past_minimum(seq: Sequence) -> bool:
+        """Stop strings count only once the text is longer than ``min_tokens`` tokens (as in vLLM)."""
+        return len(seq.output_ids) > seq.request.sampling.min_tokens
 
     def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
         if seq.grammar is not None and seq.grammar.is_terminated():  # the JSON is complete (EOS taken)

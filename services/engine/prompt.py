@@ -86,6 +86,8 @@ def count_image_parts(messages: list[dict[str, Any]]) -> int:
 def check_sampling(p: SamplingParams, config: EngineConfig) -> None:
     if not 1 <= p.max_tokens <= config.max_new_tokens_limit:
         raise RequestRejected(f"max_tokens must be in [1, {config.max_new_tokens_limit}], got {p.max_tokens}")
+    if not 0 <= p.min_tokens <= p.max_tokens:
+        raise RequestRejected(f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
     if not (math.isfinite(p.temperature) and 0.0 <= p.temperature <= 100.0):
         raise RequestRejected(f"temperature must be in [0, 100], got {p.temperature}")
     if not (math.isfinite(p.top_p) and 0.0 < p.top_p <= 1.0):

@@ -5,8 +5,10 @@ A row whose numbers are not finite (NaN or inf in the model's logits, or after t
 top-p) gets a ``NonFiniteLogits`` instead of a token: that sequence fails, the other rows are sampled
 as if it were not there.
 
-A row may come with an ``allowed`` mask (structured output, ``grammar.py``): only those tokens can be
-picked, greedy or sampled; a mask that allows nothing gives that row a ``NoAllowedToken``.
+A row may ban tokens (``banned``: its EOS ids while it is short of ``min_tokens``): they get -inf after
+the finiteness checks, so a ban is "never this token", not a fault. A row may also come with an
+``allowed`` mask (structured output, ``grammar.py``): only those tokens (less its bans) can be picked,
+greedy or sampled; a row left with no token at all gets a ``NoAllowedToken``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class NonFiniteLogits(ValueError):
 
 
 class NoAllowedToken(ValueError):
-    """A constrained row's grammar allows no token at all (a schema no token can continue)."""
+    """A constrained row's grammar (less its bans) allows no token at all."""
 
 
 Masks = list[torch.Tensor | None]
@@ -38,13 +40,15 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     gens: list[torch.Generator | None],
+    banned: list[tuple[int, ...]] | None = None,
     allowed: Masks | None = None,
 ) -> list[int | ValueError]:
     """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits`` /
-    ``NoAllowedToken``. ``allowed``: per row, None or a bool (V,) mask of the tokens it may take."""
-    masks = allowed or [None] * len(params)
-    finite = torch.isfinite(logits).all(dim=-1).tolist()  # the model's own numbers, before any mask
-    out: list[int | ValueError] = list(_masked(logits, masks).argmax(dim=-1).tolist())
+    ``NoAllowedToken``. ``allowed``: per row, None (free) or a bool (V,) mask of the tokens it may take."""
+    bans = banned or [()] * len(params)
+    masks = [_with_ban(m, ban) for m, ban in zip(allowed or [None] * len(params), bans, strict=True)]
+    finite = torch.isfinite(logits).all(dim=-1).tolist()  # the model's own numbers, before any ban or mask
+    out: list[int | ValueError] = list(_restricted(logits, bans, masks).argmax(dim=-1).tolist())
     for i, p in enumerate(params):
         mask = masks[i]
         if not finite[i]:
@@ -52,27 +56,44 @@ def sample(
         elif mask is not None and not bool(mask.any()):
             out[i] = NoAllowedToken("the response format's grammar allows no next token")
         elif not is_greedy(p):
-            out[i] = _sample_row(logits[i], p, gens[i], mask)
+            out[i] = _sample_row(logits[i], p, gens[i], bans[i], mask)
     return out
 
 
-def _masked(logits: torch.Tensor, masks: Masks) -> torch.Tensor:
-    """``logits`` with each constrained row's disallowed tokens at -inf (a copy only if any)."""
-    if all(m is None for m in masks):
+def _with_ban(mask: torch.Tensor | None, ban: tuple[int, ...]) -> torch.Tensor | None:
+    if mask is None or not ban:
+        return mask
+    mask = mask.clone()
+    mask[list(ban)] = False
+    return mask
+
+
+def _restricted(logits: torch.Tensor, bans: list[tuple[int, ...]], masks: Masks) -> torch.Tensor:
+    """``logits`` with each row's banned or disallowed tokens at -inf (a copy; the same tensor when no
+    row has any)."""
+    if not any(bans) and all(m is None for m in masks):
         return logits
     out = logits.clone()
-    for i, mask in enumerate(masks):
+    for i, (ban, mask) in enumerate(zip(bans, masks, strict=True)):
+        if ban:
+            out[i, list(ban)] = float("-inf")
         if mask is not None:
             out[i].masked_fill_(~mask, float("-inf"))
     return out
 
 
 def _sample_row(
-    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, allowed: torch.Tensor | None
+    logits: torch.Tensor,
+    p: SamplingParams,
+    gen: torch.Generator | None,
+    ban: tuple[int, ...] = (),
+    allowed: torch.Tensor | None = None,
 ) -> int | NonFiniteLogits:
     scores = logits.cpu() / p.temperature
     if not torch.isfinite(scores).all():
         return NonFiniteLogits(f"non-finite scores after temperature {p.temperature:g} ({_what(scores)})")
+    if ban:
+        scores[list(ban)] = float("-inf")
     if allowed is not None:
         scores = scores.masked_fill(~allowed.cpu(), float("-inf"))  # -inf: "never", not a fault
     if 0 < p.top_k < scores.numel():

@@ -18,6 +18,9 @@ class EngineStats:
     prefill_steps: int = 0
     decode_steps: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)  # decode batch size -> steps
+    prefill_sizes: dict[int, int] = field(default_factory=dict)  # sequences prefilled together -> steps
+    forward_cpu_s: float = 0.0  # engine-thread CPU inside prefill/decode (vision, forwards, KV)
+    step_cpu_s: float = 0.0  # engine-thread CPU of whole steps (scheduling, sampling, events too)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix/session cache
     generated_tokens: int = 0

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from services.inference_worker import job_metrics
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.stream_consumer import StreamConsumer
 from shared import conversations, metrics_hash, result_cache
@@ -128,16 +129,7 @@ class FinishEffects:
                 text=run.text, usage=event.usage, finish_reason=event.finish_reason or "stop"
             )
             pipe.set(cache_key, result_cache.encode(record), ex=self.config.result_cache_ttl_s)
-        if event.usage is not None:
-            for kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
-                metrics_hash.inc(
-                    pipe, key, "tokens_total", getattr(event.usage, kind), kind=kind.split("_")[0]
-                )
-        if event.timings is not None:
-            for stage, seconds in event.timings.model_dump().items():
-                metrics_hash.observe(pipe, key, "stage_seconds", seconds, stage=stage)
-        gaps = [b - a for a, b in zip(run.token_times, run.token_times[1:], strict=False)]
-        metrics_hash.observe_many(pipe, key, "inter_token_seconds", gaps)
+        job_metrics.record_done(pipe, key, run, event)
 
 
 def _execute(pipe: Any) -> list[Any]:

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.metrics import BACKLOG_METRIC
+from gateway.metrics_redis import BACKLOG_METRIC
 from scripts.commands import decode_command, gateway_command, inference_command
 from scripts.up import UpSettings
 from shared.config import CommonSettings, DecodeWorkerSettings, GatewaySettings, InferenceSettings
@@ -183,6 +183,10 @@ def test_secret_refs_are_documented(build: str) -> None:
             if ref is not None:
                 assert ref["name"] == SECRET, ref
                 refs.add(ref["key"])
+            volume = node.get("secret")
+            if isinstance(volume, dict) and "secretName" in volume:
+                assert volume["secretName"] == SECRET, volume
+                refs.update(item["key"] for item in volume["items"])
         for ref in obj["spec"].get("secretTargetRef", []) if obj["kind"] == "TriggerAuthentication" else []:
             assert ref["name"] == SECRET, ref
             refs.add(ref["key"])
@@ -289,6 +293,9 @@ def test_configmap_holds_real_settings(build: str, monkeypatch: pytest.MonkeyPat
             monkeypatch.delenv(name)
     for key, value in data.items():
         monkeypatch.setenv(key, value)
+    # What the Deployments add from the Secret (production refuses to start without them).
+    monkeypatch.setenv("VLMQ_REDIS_URL", "redis://:from-the-secret@vlmq-redis:6379/0")
+    monkeypatch.setenv("VLMQ_API_KEYS_FILE", "/etc/vlmq/keys/api-keys")
     for cls in SETTINGS_CLASSES:
         cls(_env_file=None)  # raises on a value its field refuses
 
@@ -352,7 +359,8 @@ def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
     assert all(int(d["metadata"]["listLength"]) > 0 for d in decodes)
     (inference,) = keda_triggers(objs, deployment(objs, "inference")["metadata"]["name"])
     assert inference["type"] == "prometheus"
-    assert inference["metadata"]["query"] == f"sum({BACKLOG_METRIC})"
+    # every gateway pod reports the cluster's backlog: the max across pods, summed over streams
+    assert inference["metadata"]["query"] == f"sum(max by (stream) ({BACKLOG_METRIC}))"
     assert int(inference["metadata"]["threshold"]) > 0
     assert not set(inference["metadata"]) - TRIGGER_METADATA["prometheus"]
     auths = {a["metadata"]["name"]: a for a in of_kind(objs, "TriggerAuthentication")}

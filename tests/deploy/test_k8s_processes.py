@@ -54,6 +54,7 @@ def pod_env(objs: list[Obj], container: Obj, redis_url: str, keys: Keys, hostnam
     env.update(
         {
             "VLMQ_REDIS_URL": redis_url,  # the Deployment composes it from the Secret's password
+            "VLMQ_ENV": "development",  # the test's Redis has no password, which production refuses
             "VLMQ_KEY_PREFIX": keys.prefix,
             "HOSTNAME": hostname,  # a pod's hostname is its name
             "PYTHONPATH": str(ROOT),

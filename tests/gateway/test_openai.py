@@ -70,6 +70,7 @@ async def test_completion(
         max_tokens=8,
         temperature=0,
         extra_headers={"Cache-Control": "no-cache"},
+        extra_body={"min_tokens": 3, "ignore_eos": True},  # vLLM's extra sampling parameters
     )
     assert resp.object == "chat.completion"
     assert resp.choices[0].message.content == "A blue circle." and resp.choices[0].finish_reason == "stop"
@@ -78,6 +79,7 @@ async def test_completion(
     assert job_id in fake_worker
     spec = JobRecord.from_hash(r.hgetall(gateway.keys.job(job_id))).spec
     assert spec.source == "openai" and spec.cancel_on_disconnect and spec.sampling.max_tokens == 8
+    assert spec.sampling.min_tokens == 3 and spec.sampling.ignore_eos
 
 
 async def test_streaming(oai: openai.AsyncOpenAI, gateway: ServiceStack, fake_worker: list[str]) -> None:
@@ -135,6 +137,12 @@ async def test_history_and_session_affinity(
         ({"model": "gpt-4o"}, openai.NotFoundError, 404, "not found"),
         ({"temperature": 5}, openai.UnprocessableEntityError, 422, "temperature"),
         (
+            {"max_tokens": 4, "extra_body": {"min_tokens": 5}},
+            openai.UnprocessableEntityError,
+            422,
+            "min_tokens",
+        ),
+        (
             {
                 "messages": [
                     {
@@ -174,7 +182,7 @@ async def test_history_and_session_affinity(
             "unsupported",
         ),
     ],
-    ids=["model", "temperature", "base64", "last-not-user", "gif"],
+    ids=["model", "temperature", "min-tokens", "base64", "last-not-user", "gif"],
 )
 async def test_error_shapes(
     oai: openai.AsyncOpenAI,

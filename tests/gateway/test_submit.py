@@ -89,6 +89,17 @@ async def test_sampling_without_seed_gets_one(
     assert JobRecord.from_hash(r.hgetall(gateway.keys.job(greedy.json()["id"]))).spec.sampling.seed is None
 
 
+async def test_min_tokens_and_ignore_eos_reach_the_spec(
+    client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
+) -> None:
+    resp = await submit(client, prompt="Say more", max_tokens=200, min_tokens=150, ignore_eos="true")
+    assert resp.status_code == 202, resp.text
+    sampling = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.json()["id"]))).spec.sampling
+    assert (sampling.max_tokens, sampling.min_tokens, sampling.ignore_eos) == (200, 150, True)
+    plain = JobRecord.from_hash(r.hgetall(gateway.keys.job((await submit(client, prompt="x")).json()["id"])))
+    assert (plain.spec.sampling.min_tokens, plain.spec.sampling.ignore_eos) == (0, False)
+
+
 async def test_session_turn_without_image_uses_session_image(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:

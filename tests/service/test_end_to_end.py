@@ -57,6 +57,20 @@ async def test_answer_matches_engine(
     assert view["usage"]["completion_tokens"] > 0
 
 
+async def test_min_tokens_and_ignore_eos_answer_like_the_engine(
+    client: httpx.AsyncClient, service_stack: ServiceStack, reference: Reference
+) -> None:
+    """A long answer on request (what the web page's stop button is tested with): min_tokens holds
+    EOS back, ignore_eos runs to max_tokens; both equal the engine's own answer to the same spec."""
+    data = image_bytes("JPEG", (320, 240), seed=14)
+    for fields, tokens in (({"min_tokens": 20}, 20), ({"ignore_eos": "true"}, 40)):
+        job = await submit(client, data, "What colour is the square?", max_tokens=40, **fields)
+        view = await wait_done(client, str(job["id"]))
+        assert view["status"] == "done", view
+        assert view["usage"]["completion_tokens"] >= tokens
+        assert view["final_text"] == reference.answer(spec_of(service_stack, str(job["id"])).spec, data)
+
+
 async def test_ws_and_sse_same_text_and_resume(
     client: httpx.AsyncClient, service_stack: ServiceStack
 ) -> None:
@@ -131,7 +145,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 async def session_hits(client: httpx.AsyncClient) -> float:
-    return metric((await client.get("/metrics")).text, "vlmq_engine_caches_session_hits")
+    return metric((await client.get("/metrics")).text, "vlmq_cache_hits_total", cache="session")
 
 
 async def test_two_turn_session_uses_session_cache(
@@ -220,8 +234,8 @@ async def test_ready_and_metrics(client: httpx.AsyncClient, service_stack: Servi
     assert ready.status_code == 200, ready.text
     text = (await client.get("/metrics")).text
     assert metric(text, "vlmq_jobs_total", outcome="done") > 0
-    assert metric(text, "vlmq_stage_seconds_count", stage="ttft") > 0
-    assert "vlmq_queue_depth{" in text and "vlmq_batch_size_bucket" in text
+    assert metric(text, "vlmq_time_to_first_token_seconds_count") > 0
+    assert "vlmq_queue_depth{" in text and "vlmq_engine_batch_size_bucket" in text
     assert metric(text, "vlmq_workers_alive") == 1
 
 

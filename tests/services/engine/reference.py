@@ -51,6 +51,7 @@ def reference(
     messages: list[dict[str, Any]],
     pngs: list[bytes],
     max_new: int,
+    min_new: int = 0,
     logits_processor: list[Any] | None = None,
 ) -> Reference:
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -63,6 +64,7 @@ def reference(
         out = model.generate(
             **inputs,
             max_new_tokens=max_new,
+            min_new_tokens=min_new,
             do_sample=False,
             output_logits=True,
             return_dict_in_generate=True,
@@ -97,7 +99,8 @@ def check(
     pngs: list[bytes],
     tie_tol: float = 0.0,
 ) -> None:
-    ref = reference(model, processor, req.messages, pngs, req.sampling.max_tokens)
+    sampling = req.sampling
+    ref = reference(model, processor, req.messages, pngs, sampling.max_tokens, sampling.min_tokens)
     got = tokens_of(engine_events)
     if req.sampling.ignore_eos and len(ref.tokens) < len(got):  # generate stopped at EOS; we went on
         got = got[: len(ref.tokens)]

@@ -171,3 +171,19 @@ def test_image_cache_hit_vs_miss(bundled, make_engine, bundled_tie_tol):
 def _usage(events: list[TokenEvent]) -> Usage:
     assert events[-1].usage is not None
     return events[-1].usage
+
+
+def test_min_tokens_matches_generate_with_min_new_tokens(bundled, make_engine, bundled_tie_tol):
+    """vLLM's ``min_tokens`` is Hugging Face's ``min_new_tokens``: the same tokens, alone or batched
+    with rows of other minimums."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, i, max_tokens=16) for i in range(4)]
+    for i, (req, _) in enumerate(reqs):
+        req.sampling = SamplingParams(max_tokens=16, min_tokens=3 * i + 2)
+    single = engine.generate_sync(reqs[3][0])
+    check(single, model, proc, reqs[3][0], reqs[3][1], bundled_tie_tol)
+    batched = run_all(engine, [r for r, _ in reqs])
+    for req, pngs in reqs:
+        assert len(tokens_of(batched[req.request_id])) >= req.sampling.min_tokens
+        check(batched[req.request_id], model, proc, req, pngs, bundled_tie_tol)

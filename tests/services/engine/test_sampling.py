@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.common import draw_image, image_input, load_bundled
-from services.engine import FinishReason, GenerationRequest, SamplingParams
+from services.engine import FinishReason, GenerationRequest, RequestRejected, SamplingParams
 from services.engine.detok import Detokenizer
 from services.engine.sampling import NonFiniteLogits, is_greedy, make_generator, sample
 from tests.services.engine.reference import run_all, tokens_of, user
@@ -147,3 +147,47 @@ def test_quantized_modes_run_end_to_end(mode, make_engine):
     for r in reqs:
         assert out[r.request_id][-1].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
         assert tokens_of(out[r.request_id])
+
+
+def test_min_tokens_bans_eos_until_reached(bundled, make_engine):
+    """vLLM's ``min_tokens``: the one-word answer goes on to exactly ``min_tokens`` tokens before EOS
+    may end it; sampled rows never draw EOS before that either."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    eos = set(engine.eos_ids)
+    short = tokens_of(engine.generate_sync(_req(proc, "short", SamplingParams(max_tokens=32))))
+    assert short[-1] in eos  # the trained model answers in a few tokens, then EOS
+    floor = len(short) + 6
+    at_least = SamplingParams(max_tokens=32, min_tokens=floor)
+    longer = tokens_of(engine.generate_sync(_req(proc, "min", at_least)))
+    assert len(longer) >= floor and not eos & set(longer[:floor])
+    sampled = SamplingParams(max_tokens=10, min_tokens=10, temperature=1.5, seed=3)
+    events = engine.generate_sync(_req(proc, "sampled", sampled))
+    assert events[-1].finish_reason == FinishReason.LENGTH and not eos & set(tokens_of(events))
+
+
+def test_min_tokens_defers_stop_strings(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    answer = "".join(e.text for e in engine.generate_sync(_req(proc, "a", SamplingParams(max_tokens=8))))
+    stop = answer.strip()[:2]
+    cut = engine.generate_sync(_req(proc, "cut", SamplingParams(max_tokens=8, stop=(stop,))))
+    assert cut[-1].finish_reason == FinishReason.STOP and stop not in "".join(e.text for e in cut)
+    held = engine.generate_sync(_req(proc, "held", SamplingParams(max_tokens=8, min_tokens=8, stop=(stop,))))
+    assert held[-1].finish_reason == FinishReason.LENGTH and stop in "".join(e.text for e in held)
+
+
+def test_sample_function_never_draws_a_banned_token():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]] * 100)
+    params = [SamplingParams(temperature=1.0)] * 50 + [SamplingParams()] * 50
+    gens: list[torch.Generator | None] = [make_generator(i) for i in range(50)] + [None] * 50
+    out = sample(logits, params, gens, banned=[(1,)] * 100)
+    assert 1 not in out and out[50:] == [2] * 50
+    assert logits[0, 1] == 5.0  # the caller's logits are left as they were
+
+
+def test_min_tokens_above_max_tokens_is_rejected(bundled, make_engine):
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    with pytest.raises(RequestRejected, match="min_tokens must be in"):
+        engine.validate(_req(proc, "bad", SamplingParams(max_tokens=4, min_tokens=5)))

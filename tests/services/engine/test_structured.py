@@ -57,7 +57,7 @@ def hf_reference(model: Any, proc: Any, req: GenerationRequest, pngs: list[bytes
         schema, any_whitespace=False, separators=SEPARATORS
     )
     processors = [xgr.contrib.hf.LogitsProcessor(grammar)]
-    return reference(model, proc, req.messages, pngs, req.sampling.max_tokens, processors)
+    return reference(model, proc, req.messages, pngs, req.sampling.max_tokens, logits_processor=processors)
 
 
 def assert_valid(text: str, schema: dict[str, Any] | None) -> Any:

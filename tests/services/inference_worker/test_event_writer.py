@@ -165,7 +165,7 @@ def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:
         harness.writer.write([(run, event)])
         time.sleep(0.01)
     harness.writer.write([(run, events[3])])
-    count = harness.r.hget(harness.keys.metrics_counters(), "inter_token_seconds_count")
+    count = harness.r.hget(harness.keys.metrics_counters(), "inter_token_latency_seconds_count")
     assert int(count) == 2  # gaps between 3 token writes, whoever listens to the stream
 
 

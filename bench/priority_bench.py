@@ -1,0 +1,180 @@
+"""Priority benchmark: an interactive tenant's latency while another tenant floods batch jobs.
+
+    python -m bench.priority_bench [--quick]
+
+One stack (gateway, one decode worker, one inference worker, the bundled model) with two keys:
+tenant ``web`` (interactive) and tenant ``bulk`` (batch priority). Phases, in one run:
+
+1. unloaded: ``web`` sends N jobs one after another (multipart JPEG, 16 tokens, no result
+   cache) and records each one's end-to-end latency (submit -> terminal job record);
+2. flood: ``bulk`` runs 32 closed loops (submit, wait for the end, submit again), a standing
+   backlog of 32 batch jobs, while ``web`` sends the same N jobs again; the loops stop when
+   ``web`` is done and every batch job they started is waited for;
+3. control: as 2, but the flood comes from a third key of ``interactive`` priority, to show
+   what the priorities buy.
+
+The issue's bound: under the batch flood, ``web``'s p50 within 2x its unloaded p50, and every
+batch job finishes. A benchmark figure, not a test: the ratio is printed and written to
+bench/results/priority_bench{,_quick}.{json,md}; exits 1 only when a batch job did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.service_workload import MAX_TOKENS, BenchRequest, make_requests, pct
+from scripts.redis_launcher import start_redis
+from tests.support.stack import ServiceStack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KEYS = {
+    "web": "web-key-0123456789abcdef",
+    "bulk": "bulk-key-0123456789abcdef",
+    "rival": "rival-0123456789abcdef",
+}
+KEYS_FILE = (
+    f"{KEYS['web']} tenant=web priority=interactive\n"
+    f"{KEYS['bulk']} tenant=bulk priority=batch\n"
+    f"{KEYS['rival']} tenant=rival priority=interactive\n"
+)
+ENV = {"VLMQ_DECODE_CONCURRENCY": "1", "OMP_NUM_THREADS": "1", "VLMQ_LOG_LEVEL": "WARNING"}
+TERMINAL = {"done", "failed", "cancelled"}
+FLOODERS = 32  # concurrent batch clients: the backlog the interactive tenant has to pass
+
+
+async def submit(client: httpx.AsyncClient, tenant: str, request: BenchRequest) -> str:
+    resp = await client.post(
+        "/v1/jobs",
+        data={"prompt": request.question, "max_tokens": str(MAX_TOKENS)},
+        files={"image": ("i.jpg", request.image, "image/jpeg")},
+        headers={"Authorization": f"Bearer {KEYS[tenant]}", "Cache-Control": "no-cache"},
+    )
+    resp.raise_for_status()
+    return str(resp.json()["id"])
+
+
+async def wait_terminal(client: httpx.AsyncClient, tenant: str, job_id: str, poll_s: float = 0.01) -> str:
+    headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+    while True:
+        view = (await client.get(f"/v1/jobs/{job_id}", headers=headers)).json()
+        if view["status"] in TERMINAL:
+            return str(view["status"])
+        await asyncio.sleep(poll_s)
+
+
+async def interactive(client: httpx.AsyncClient, requests: list[BenchRequest]) -> list[float]:
+    """End-to-end seconds of each ``web`` job, sent one after another."""
+    latencies = []
+    for request in requests:
+        started = time.perf_counter()
+        status = await wait_terminal(client, "web", await submit(client, "web", request))
+        assert status == "done", status
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+async def flood(
+    client: httpx.AsyncClient, tenant: str, requests: list[BenchRequest], stop: asyncio.Event
+) -> list[str]:
+    """FLOODERS closed loops (submit, wait for the end, again) until ``stop``: a standing backlog."""
+    statuses: list[str] = []
+
+    async def flooder(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            job_id = await submit(client, tenant, requests[i % len(requests)])
+            statuses.append(await wait_terminal(client, tenant, job_id, poll_s=1.0))  # cheap for the gateway
+            i += FLOODERS
+
+    await asyncio.gather(*(flooder(k) for k in range(FLOODERS)))
+    return statuses
+
+
+async def flooded(
+    client: httpx.AsyncClient, tenant: str, web: list[BenchRequest], bulk: list[BenchRequest]
+) -> dict[str, Any]:
+    started, stop = time.perf_counter(), asyncio.Event()
+    flooding = asyncio.create_task(flood(client, tenant, bulk, stop))
+    await asyncio.sleep(2.0)  # the backlog builds up first
+    latencies = await interactive(client, web)
+    stop.set()
+    statuses = await flooding
+    return {
+        "flood_tenant": tenant,
+        "web_p50_s": pct(latencies, 50),
+        "web_p90_s": pct(latencies, 90),
+        "flood_jobs": len(statuses),
+        "flood_done": sum(s == "done" for s in statuses),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+async def drive(stack: ServiceStack, web: list[BenchRequest], bulk: list[BenchRequest]) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=300) as client:
+        await interactive(client, web[:3])  # warm-up
+        unloaded = await interactive(client, web)
+        batch = await flooded(client, "bulk", web, bulk)
+        control = await flooded(client, "rival", web, bulk)
+    base = pct(unloaded, 50)
+    return {
+        "unloaded_web_p50_s": base,
+        "unloaded_web_p90_s": pct(unloaded, 90),
+        "under_batch_flood": {**batch, "ratio_to_unloaded": batch["web_p50_s"] / base},
+        "under_interactive_flood": {**control, "ratio_to_unloaded": control["web_p50_s"] / base},
+    }
+
+
+def run(web_n: int, flood_n: int) -> dict[str, Any]:
+    redis_server = start_redis()
+    keys_file = Path(tempfile.mkdtemp(prefix="vlmq-prio-")) / "keys"
+    keys_file.write_text(KEYS_FILE)
+    env = {**ENV, "VLMQ_API_KEYS_FILE": str(keys_file), "VLMQ_MAX_QUEUE_DEPTH": str(4 * FLOODERS)}
+    stack = ServiceStack(redis_server.url, keys_file.parent, extra_env=env)
+    try:
+        stack.start(timeout_s=180)
+        return asyncio.run(drive(stack, make_requests(web_n, seed=7), make_requests(flood_n, seed=8)))
+    finally:
+        stack.stop()
+        redis_server.stop()
+
+
+def report(result: dict[str, Any]) -> str:
+    rows = ["| flood from | web p50 (s) | × unloaded | web p90 (s) | flood done |", "|---|---|---|---|---|"]
+    rows.append(
+        f"| none | {result['unloaded_web_p50_s']:.3f} | 1.00 | {result['unloaded_web_p90_s']:.3f} | – |"
+    )
+    for name in ("under_batch_flood", "under_interactive_flood"):
+        r = result[name]
+        rows.append(
+            f"| {r['flood_tenant']} ({name.split('_')[1]}) | {r['web_p50_s']:.3f} | "
+            f"{r['ratio_to_unloaded']:.2f} | {r['web_p90_s']:.3f} | {r['flood_done']}/{r['flood_jobs']} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10 interactive jobs instead of 40")
+    args = parser.parse_args()
+    web_n, flood_n = (10, 64) if args.quick else (40, 64)
+    result = run(web_n, flood_n)
+    table = report(result)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    name = "priority_bench_quick" if args.quick else "priority_bench"
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{name}.md").write_text(table + "\n")
+    floods = (result["under_batch_flood"], result["under_interactive_flood"])
+    return 0 if all(f["flood_done"] == f["flood_jobs"] for f in floods) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

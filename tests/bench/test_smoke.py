@@ -1,0 +1,64 @@
+"""Every benchmark runs, end to end, in its smoke mode (seconds, tiny counts): no benchmark can rot
+unnoticed. The figures of a smoke run measure nothing; only that each code path ran is checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(module: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:
+    """``python -m <module> --smoke --out <out>`` as ``make bench`` runs it; its JSON result."""
+    cmd = [sys.executable, "-m", module, "--smoke", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, f"{module} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    (found,) = out.glob("*_smoke.json")
+    return dict(json.loads(found.read_text()))
+
+
+def test_engine_bench_smoke(tmp_path: Path) -> None:
+    result = run_bench("bench.engine_bench", tmp_path)
+    assert result["meta"]["mode"] == "smoke"
+    for model in ("bundled", "large"):
+        r = result[model]
+        assert set(r["quantization"]) == {"none", "bf16", "int8", "int4"}
+        for workload in r["throughput"].values():
+            for rows in workload.values():
+                assert [row["clients"] for row in rows] == [1, 8]
+        for section in ("prefix_ttft", "session_turn2", "image_ttft", "efficiency"):
+            assert r[section]
+    assert (tmp_path / "engine_bench_smoke.png").exists()
+
+
+def test_service_bench_smoke(tmp_path: Path) -> None:
+    result = run_bench("bench.service_bench", tmp_path)
+    runs = {(r["mode"], r["concurrency"]) for r in result["runs"]}
+    assert runs == {(m, c) for m in ("peer-openai", "vlmq-openai", "vlmq-ws") for c in (1, 2)}
+    assert all(r["summary"]["errors"] == 0 for r in result["runs"])
+    assert result["overhead"]["overhead_p50"] is not None
+    assert result["engine_agreement"]["identical"] == result["engine_agreement"]["compared"]
+    for run in result["runs"]:  # CPU per process kind, the forward's share, Redis growth
+        assert set(run["cost"]["cpu_ms"]) == {"gateway", "decode", "inference", "redis", "loadgen", "peer"}
+        assert "forward_cpu_ms" in run["cost"] and "redis_bytes_per_job" in run["cost"]
+    assert result["memory"]["jobs"] > 0 and result["memory"]["by_kind"]
+    assert (tmp_path / "service_bench_smoke.md").exists()
+
+
+def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
+    """The CUDA benchmark's script, on CPU with a tiny random GLM-4V: both servers answer with
+    exactly max_tokens tokens (the script exits 1 otherwise)."""
+    result = run_bench("bench.gpu_bench", tmp_path)
+    assert result["device"] == "cpu"
+    assert {(r["server"], r["concurrency"]) for r in result["rows"]} == {
+        (s, c) for s in ("transformers-serve", "vlmq") for c in (1, 2)
+    }
+    assert all(r["not_max_tokens"] == [] and r["errors"] == 0 for r in result["rows"])
