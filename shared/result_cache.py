@@ -72,7 +72,8 @@ def request_hash(
         "tenant": tenant,
         "model": model_id,
         "image": image_digest,
-        "messages": [m.model_dump(mode="json") for m in messages],
+        # a turn without images hashes as before multi-image turns existed
+        "messages": [m.model_dump(mode="json", exclude=None if m.images else {"images"}) for m in messages],
         "sampling": knobs,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
