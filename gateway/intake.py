@@ -20,8 +20,9 @@ from gateway.image_checks import CheckedImage, read_image, read_upload
 from gateway.keyring import Priority, Tenant
 from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
 from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
+from gateway.response_format import parse_response_format
 from shared.config import GatewaySettings
-from shared.schemas import ChatTurn
+from shared.schemas import ChatTurn, ResponseFormat
 
 Source = Literal["jobs", "ws", "openai"]
 MAX_FORM_FIELDS = 32
@@ -51,6 +52,7 @@ class Submission:
     ask: NextTurn | WholeConversation
     options: GenerationOptions
     image: CheckedImage | None = None
+    response_format: ResponseFormat | None = None  # None: free text
     timeout_s: float | None = None
     use_cache: bool = True
     cancel_on_disconnect: bool = False
@@ -143,6 +145,7 @@ async def _job_submission(
     settings: GatewaySettings,
     use_result_cache: bool,
 ) -> Submission:
+    response_format = raw.pop("response_format", None)
     params = parse_params(raw, settings)
     return Submission(
         source=source,
@@ -150,6 +153,7 @@ async def _job_submission(
         options=GenerationOptions.model_validate(
             params.model_dump(include=set(GenerationOptions.model_fields))
         ),
+        response_format=parse_response_format(response_format, params.stop, params.min_tokens),
         image=await read_image(image, settings) if image is not None else None,
         timeout_s=params.timeout_s,
         use_cache=params.use_cache,
@@ -187,11 +191,13 @@ async def from_openai(
     )
     check_max_tokens(options, settings)
     check_conversation_size(req.messages, settings)
+    response_format = parse_response_format(req.response_format, options.stop, options.min_tokens)
     turns, image = await _openai_turns(req.messages, settings)
     return Submission(
         source="openai",
         ask=WholeConversation(turns, affinity_key or req.user),
         options=options,
+        response_format=response_format,
         image=image,
         cancel_on_disconnect=True,
         use_result_cache=not no_cache,

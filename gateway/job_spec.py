@@ -21,7 +21,7 @@ from gateway.intake import NextTurn, Submission, WholeConversation
 from gateway.keyring import Priority
 from gateway.request_params import GenerationOptions
 from gateway.state import GatewayState
-from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 
 
 @dataclass
@@ -38,7 +38,9 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> SamplingSpec:
+def sampling_spec(
+    options: GenerationOptions, default_max_tokens: int, response_format: ResponseFormat | None = None
+) -> SamplingSpec:
     seed = options.seed
     if options.temperature > 0 and seed is None:
         # Assigned once at submission: a retried attempt regenerates the same tokens.
@@ -52,6 +54,7 @@ def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> Sampli
         stop=options.stop,
         min_tokens=options.min_tokens,
         ignore_eos=options.ignore_eos,
+        response_format=response_format,
     )
 
 
@@ -63,7 +66,7 @@ async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
         created_at=now,
         deadline=now + min(sub.timeout_s or max_job_s, max_job_s),
         messages=[],
-        sampling=sampling_spec(sub.options, state.settings.default_max_tokens),
+        sampling=sampling_spec(sub.options, state.settings.default_max_tokens, sub.response_format),
         use_cache=sub.use_cache,
         cancel_on_disconnect=sub.cancel_on_disconnect,
         source=sub.source,

@@ -22,7 +22,7 @@ import redis
 from services.engine.api import GenerationRequest, ImageInput, RequestRejected
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import WriterConfig
-from services.inference_worker.engine_request import build_request, needs_image, pixels_input
+from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import Begun, JobStore, begun
@@ -260,7 +260,7 @@ class InferenceWorker:
     ) -> Ready:
         """The attempt's request and run; the run is registered (submitted by ``_submit_all``)."""
         spec = record.spec
-        request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record, pixels))
+        request = build_request(spec, f"{spec.job_id}:{attempt}", self._images(record, pixels))
         run = JobRun(
             entry=entry,
             spec=spec,
@@ -275,17 +275,20 @@ class InferenceWorker:
             self.runs[spec.job_id] = run
         return run, request
 
-    def _image(self, record: JobRecord, pixels: bytes | None) -> ImageInput | None:
-        """The job's image from the pixels its decode worker stored (or, while a previous release's
-        decode workers still run, from their tensor of the image)."""
+    def _images(self, record: JobRecord, pixels: bytes | None) -> dict[str, ImageInput]:
+        """The job's images by digest, from the pixels its decode worker stored (or, while a previous
+        release's decode workers still run, from their tensor of its one image)."""
         spec = record.spec
+        digests = spec.image_digests()
         if not needs_image(spec):
-            return None
-        if spec.image_digest is None:
+            return {}
+        if not digests:
             raise LookupError("the conversation refers to an image but the job has none")
+        if pixels is None and spec.image_digest is not None and digests == [spec.image_digest]:
+            return {spec.image_digest: self.store.legacy_image(spec.image_digest, self.pixels.processor_id)}
         if pixels is None:
-            return self.store.legacy_image(spec.image_digest, self.pixels.processor_id)
-        return pixels_input(self.pixels, pixels, spec.image_digest)
+            raise LookupError("the job's decoded images are gone; submit the images again")
+        return pixels_inputs(self.pixels, pixels, digests)
 
     # --- running jobs ---
     def poll_cancels(self) -> None:
