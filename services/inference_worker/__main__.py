@@ -17,6 +17,7 @@ from types import FrameType
 from services.engine import Engine
 from services.inference_worker.engine_setup import engine_config, tensor_processor_id
 from services.inference_worker.loop import InferenceWorker
+from shared import log_context, tracing
 from shared.config import get_inference_settings
 from shared.redis_clients import sync_client
 
@@ -38,7 +39,8 @@ def install_signals(worker: InferenceWorker) -> None:
 def main() -> int:
     settings = get_inference_settings()
     sys.setswitchinterval(settings.gil_switch_interval_s)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_context.configure(settings.log_level)
+    tracing.setup("inference", settings.otlp_endpoint)
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
     worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))

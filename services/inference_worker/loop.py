@@ -20,8 +20,9 @@ from typing import Any
 import redis
 
 from services.engine.api import ImageInput, RequestRejected
+from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
-from services.inference_worker.after_finish import WriterConfig
+from services.inference_worker.after_finish import Finished, WriterConfig
 from services.inference_worker.engine_request import build_request, needs_image
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
@@ -29,7 +30,7 @@ from services.inference_worker.job_store import JobStore
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
 from services.inference_worker.task_events import TaskEvents
-from shared import metrics_hash, workers
+from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
 from shared.schemas import ErrorCode, JobStatus
@@ -66,7 +67,7 @@ class InferenceWorker:
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
-            on_end=lambda item: self.task_events.job_ended(item),
+            on_end=self._ended,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}
@@ -172,6 +173,10 @@ class InferenceWorker:
 
     # --- one stream entry ---
     def handle(self, entry: Entry) -> None:
+        with log_context.job(entry.job_id or "-"):
+            self._handle_logged(entry)
+
+    def _handle_logged(self, entry: Entry) -> None:
         try:
             self._handle(entry)
         except redis.RedisError:
@@ -287,6 +292,14 @@ class InferenceWorker:
         workers.publish(pipe, self.keys, beat, ttl_ms)
         pipe.execute()
         self.task_events.heartbeat(beat["inflight"])
+
+    def _ended(self, item: Finished) -> None:
+        """Writer thread: an attempt ended; tell Flower and the tracer (both off by default)."""
+        try:
+            self.task_events.job_ended(item)
+            job_spans.record(item, self.worker_id)
+        except Exception:  # monitoring never fails the writer (nor so the worker)
+            log.exception("job %s: task event or spans not recorded", item.run.job_id)
 
     def _finished(self, run: JobRun) -> None:
         """Writer thread: the job's terminal state is written and its entry acknowledged."""
