@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,6 +34,7 @@ import httpx
 import openai
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.profiling import Profiler
 from bench.resources import Meter, Reading, cost, memory_by_kind
 from bench.service_report import HOPS, markdown
 from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
@@ -214,41 +216,32 @@ async def run_mode(
 
 # --- engine only ---
 def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[tuple[float, str]]:
-    """Seconds and text of ``Engine.generate_sync`` per request (tensors made as the decode worker does),
-    with the servers' torch thread count."""
+    """Seconds and text of ``Engine.generate_sync`` per request (pixels made as the decode and
+    inference workers make them), with the servers' torch thread count."""
     import torch
 
     import services  # noqa: F401  (registers the processor)
     from services.engine import Engine, EngineConfig
-    from services.inference_worker.engine_request import build_request, image_input
+    from services.inference_worker.engine_request import build_request
     from services.vlm.image_processor import ImageProcessorHandle
-    from shared.config import DecodeWorkerSettings
     from shared.schemas import ChatTurn, JobSpec, SamplingSpec
-    from shared.tensors import pack_tensors, unpack_tensors
-    from worker.imaging import decode_image
+    from tests.support.reference import decoded_image
 
     torch.set_num_threads(threads)
     engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
     engine.prewarm()
     engine.start()
     handle = ImageProcessorHandle.load(model)
-    settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
     out: list[tuple[float, str]] = []
     try:
         for req in [requests[0], *requests]:  # the first run warms up and is dropped
-            img = decode_image(
-                req.image, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft
-            )
-            tensors = unpack_tensors(pack_tensors(handle(img)))
             spec = JobSpec(
                 job_id=f"e{req.index}",
                 created_at=time.time(),
                 messages=[ChatTurn(role="user", text=req.question, image=True)],
                 sampling=SamplingSpec(max_tokens=MAX_TOKENS),
             )
-            request = build_request(
-                spec, f"engine-{len(out)}", image_input(tensors, hashlib.sha256(req.image).hexdigest())
-            )
+            request = build_request(spec, f"engine-{len(out)}", decoded_image(handle, req.image))
             start = time.perf_counter()
             events = engine.generate_sync(request, timeout_s=120)
             out.append((time.perf_counter() - start, "".join(e.text for e in events)))
@@ -324,11 +317,20 @@ def meter_for(stack: ServiceStack, peer: Peer) -> Meter:
 
 
 async def measured_run(
-    meter: Meter, mode: str, stack: ServiceStack, peer: Peer, model: str, requests: list[BenchRequest], c: int
+    meter: Meter,
+    mode: str,
+    stack: ServiceStack,
+    peer: Peer,
+    model: str,
+    requests: list[BenchRequest],
+    c: int,
+    profile: Path | None = None,
 ) -> tuple[list[Sample], dict[str, Any]]:
-    """One run with its cost: readings before and after (the engine's counters written after it)."""
+    """One run with its cost: readings before and after (the engine's counters written after it);
+    ``profile``: py-spy records every stack process into that folder meanwhile."""
     before = await asyncio.to_thread(meter.read)
-    samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
+    with Profiler(profile, meter.groups) if profile else contextlib.nullcontext():
+        samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
     after = await asyncio.to_thread(meter.read, time.time())
     summary = summarize(samples, wall)
     print(f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}")
@@ -352,7 +354,8 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
         shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
         for mode in MODES:
             requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
-            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c)
+            profile = args.profile if (mode, c) == ("vlmq-openai", max(args.levels)) else None
+            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c, profile)
             runs.append(run)
             if c == 1:
                 c1[mode] = (requests, samples)
@@ -445,6 +448,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=str(test_model_path()), help="checkpoint served by both")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy every process of the top vlmq-openai run into DIR"
+    )
     parser.add_argument(
         "--sustain-s", type=float, default=None, help="sustained load for Redis memory (default 300; 0: none)"
     )

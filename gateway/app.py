@@ -18,6 +18,7 @@ from gateway.batch_driver import BatchDriver
 from gateway.body_limit import BodyLimitMiddleware, body_limit
 from gateway.errors import install_error_handlers
 from gateway.guards import Guard
+from gateway.json_response import FastJSONResponse
 from gateway.routes import (
     batches,
     chat_ws,
@@ -61,6 +62,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         title="vlmq gateway",
         version="0.1.0",
         lifespan=lifespan,
+        default_response_class=FastJSONResponse,  # orjson: several times cheaper than json.dumps
         docs_url="/docs" if docs else None,
         redoc_url=None,
         openapi_url="/openapi.json" if docs else None,
@@ -79,6 +81,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
     for module in routers:
         app.include_router(module.router)
+    web.mount_files(app)
     return app
 
 

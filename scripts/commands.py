@@ -26,9 +26,12 @@ def flower_command(port: int, user: str, password: str) -> list[str]:
     ]  # fmt: skip
 
 
-def decode_command(concurrency: int | str, log_level: str, node: str, *extra: str) -> list[str]:
-    """Celery prefork decode workers on the interactive then the batch queue, task events on."""
+def decode_command(
+    concurrency: int | str, log_level: str, node: str, *extra: str, events: bool = True
+) -> list[str]:
+    """Celery prefork decode workers on the interactive then the batch queue; ``events``: task
+    events on (``-E``), for Flower (off where no Flower runs: the test and bench stacks)."""
     return [
         PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", ",".join(QUEUES),
-        "-c", str(concurrency), "-E", "--loglevel", log_level, "-n", node, *extra,
+        "-c", str(concurrency), *(["-E"] if events else []), "--loglevel", log_level, "-n", node, *extra,
     ]  # fmt: skip

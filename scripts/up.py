@@ -172,6 +172,7 @@ def main() -> int:
     gw, dec = get_gateway_settings(), get_decode_worker_settings()
     print_redis(redis_url, embedded, gw)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("VLMQ_FLOWER_URL", f"http://127.0.0.1:{up.flower_port}/")  # linked by the status view
     env.setdefault("VLMQ_TASK_EVENTS", "true")  # Flower runs here: it shows the inference stage too
     sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys, gw.sentinel))
     stopping: list[int] = []

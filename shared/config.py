@@ -58,7 +58,9 @@ class CommonSettings(BaseSettings):
     model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
     model_name: str = Field("vlmq-tiny", description="Model id reported by /v1/models and responses")
     job_ttl_s: int = Field(3600, description="How long job records and event streams are kept")
-    image_ttl_s: int = Field(900, description="How long uploaded image bytes and decoded tensors are kept")
+    image_ttl_s: int = Field(
+        900, description="How long uploaded image bytes are kept after last use (later turns decode them)"
+    )
     session_ttl_s: int = Field(1800, description="How long a stored conversation is kept after its last turn")
     max_image_bytes: int = Field(10 * 1024 * 1024, description="Largest accepted upload")
     max_image_pixels: int = Field(
@@ -181,6 +183,9 @@ class GatewaySettings(CommonSettings):
     docs: bool | None = Field(
         None, description="Serve /docs and /openapi.json (default: in development only)"
     )
+    flower_url: str = Field(
+        "", description="Flower's address, linked from the web page's status view (empty: no link)"
+    )
 
     @model_validator(mode="after")
     def _production_needs_keys(self) -> Self:
@@ -250,6 +255,11 @@ class InferenceSettings(CommonSettings):
         0.0005,
         description="Python GIL switch interval: I/O threads (event writer, stream reader) wait at most "
         "this long for the engine thread (Python's default 5 ms delayed each token event)",
+    )
+    torch_threads: int = Field(
+        0,
+        description="torch intra-op threads of the inference worker; 0: OMP_NUM_THREADS if set, else half "
+        "the CPUs (1 on a 2-core box, which the decode workers, gateway and Redis share)",
     )
 
 

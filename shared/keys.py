@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 INFERENCE_GROUP = "inference"
+PIXELS_SUFFIX = ":pixels"  # job hash key + this = the job's pixels (FINISH_LUA derives it the same way)
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class Keys:
         return f"{self.prefix}:img:{digest}"
 
     def tensor(self, digest: str, processor_id: str) -> str:
+        """The previous release's decoded tensor of an image (float16, TTL): read only as a fallback
+        while its decode workers still run (a rolling upgrade); today's are ``job_pixels``."""
         return f"{self.prefix}:tensor:{processor_id}:{digest}"
 
     # --- jobs ---
@@ -34,6 +37,11 @@ class Keys:
     def job_wake(self, job_id: str) -> str:
         """Pub/sub channel: wakes listeners of a job's event stream; carries no data of its own."""
         return f"{self.prefix}:job:{job_id}:wake"
+
+    def job_pixels(self, job_id: str) -> str:
+        """String: the job's decoded image (``shared.tensors.pack_image``), written with the
+        hand-over to inference and deleted by FINISH_LUA when the job turns terminal."""
+        return f"{self.job(job_id)}{PIXELS_SUFFIX}"
 
     def job_cancel(self, job_id: str) -> str:
         """String flag set when a client cancels; read by workers before and during the run."""
@@ -145,6 +153,10 @@ class Keys:
     def workers(self) -> str:
         """Sorted set of inference worker ids scored by their last heartbeat (readers never SCAN)."""
         return f"{self.prefix}:workers"
+
+    def recent_jobs(self) -> str:
+        """List (capped): latencies of the latest finished jobs, newest first (``shared.recent_jobs``)."""
+        return f"{self.prefix}:recent"
 
     def metrics_counters(self) -> str:
         """Hash of counters published by workers (jobs by outcome, stage time sums...)."""

@@ -1,7 +1,8 @@
 """msgpack codec for named tensors: compact dtype on the wire, hard limits on unpack.
 
 Pickle is never used between processes; a malformed or oversized payload raises
-``TensorCodecError`` instead of allocating without bound.
+``TensorCodecError`` instead of allocating without bound. ``pack_image`` adds the id of the
+image processor that made the tensors (a job's pixels, ``Keys.job_pixels``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,28 @@ def unpack_tensors(payload: bytes) -> dict[str, torch.Tensor]:
     if not isinstance(raw, dict):
         raise TensorCodecError("tensor payload is not a map")
     return {str(name): _unpack_one(entry) for name, entry in raw.items()}
+
+
+def pack_image(processor_id: str, tensors: dict[str, torch.Tensor]) -> bytes:
+    """One image's tensors for the wire, named by the processor config that made them."""
+    entries = {name: _pack_one(t, "float16") for name, t in tensors.items()}
+    return msgpack.packb({"processor": processor_id, "tensors": entries}, use_bin_type=True)
+
+
+def unpack_image(payload: bytes) -> tuple[str, dict[str, torch.Tensor]]:
+    """(processor id, tensors) of ``pack_image``'s payload; TensorCodecError when malformed."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise TensorCodecError(f"image payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        raw = msgpack.unpackb(payload, raw=False, max_bin_len=MAX_PAYLOAD_BYTES, max_map_len=MAX_TENSORS)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise TensorCodecError(f"malformed image payload: {exc}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("processor"), str):
+        raise TensorCodecError("image payload lacks its processor id")
+    entries = raw.get("tensors")
+    if not isinstance(entries, dict):
+        raise TensorCodecError("image payload lacks its tensors")
+    return raw["processor"], {str(name): _unpack_one(entry) for name, entry in entries.items()}
 
 
 def _pack_one(tensor: torch.Tensor, wire_dtype: str) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from shared.jobs import (
     HANDOFF_LUA,
     ROUTE_LUA,
     SET_STATUS_LUA,
-    TENSOR_OR_IMAGE_LUA,
     JobRecord,
     finish_call,
     job_keys,
@@ -35,7 +34,7 @@ from shared.jobs import (
 )
 from shared.keys import Keys
 from shared.schemas import ErrorCode, JobSpec, JobStatus
-from shared.tensors import pack_tensors
+from shared.tensors import pack_image
 from worker.imaging import ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,6 @@ class DecodeOutcome:
     status: str  # waiting | failed | cancelled | expired | skipped | missing
     detail: str = ""
     decode_s: float = 0.0
-    cache_hit: bool = False
 
 
 class DecodePipeline:
@@ -60,8 +58,8 @@ class DecodePipeline:
         self._finish = client.register_script(FINISH_LUA)
 
     def run(self, job_id: str) -> DecodeOutcome:
-        """Three round trips around the decode: read the job, start decoding (+ fetch what it
-        needs), hand over (+ store the tensor)."""
+        """Three round trips around the decode: read the job, start decoding (+ fetch the image
+        bytes), hand over (+ store the job's pixels)."""
         key = self.keys.job(job_id)
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(key)
@@ -76,7 +74,6 @@ class DecodePipeline:
             return stop
         started = time.time()
         digest = job.spec.image_digest
-        tensor_key = self.keys.tensor(digest, self.processor.processor_id) if digest else None
         pipe = self.r.pipeline(transaction=False)
         pipe.hincrby(key, "decode_attempts", 1)
         pipe.hset(key, "decode_started_at", str(started))
@@ -84,28 +81,23 @@ class DecodePipeline:
             pipe, SET_STATUS_LUA, self._job_keys(job_id), status_args(JobStatus.DECODING, started, self._ttl)
         )
         self._route(pipe, job.spec, started)
-        if tensor_key is not None and digest is not None:
-            keys = [tensor_key, self.keys.image(digest)]
-            pipe_script(pipe, TENSOR_OR_IMAGE_LUA, keys, [self.settings.image_ttl_s])
+        if digest is not None:  # the bytes, their TTL renewed: a later turn may decode them again
+            pipe.getex(self.keys.image(digest), ex=self.settings.image_ttl_s)
         replies = pipe.execute()
         attempts, owner = int(replies[0]), replies[3]
-        found = replies[4] if digest is not None else None
         if attempts > self.settings.max_decode_attempts:
             return self._dead_letter(job_id, attempts - 1)
         packed = None
-        if digest is not None and found != 1:
-            if found is None:
-                return self.fail(
-                    job_id,
-                    "image bytes expired before decoding; submit the image again",
-                    ErrorCode.IMAGE_EXPIRED,
-                )
+        if digest is not None:
+            if replies[4] is None:
+                reason = "image bytes expired before decoding; submit the image again"
+                return self.fail(job_id, reason, ErrorCode.IMAGE_EXPIRED)
             try:
-                packed = pack_tensors(self.decode_bytes(bytes(found)))
+                packed = pack_image(self.processor.processor_id, self.decode_bytes(bytes(replies[4])))
             except ImageRejected as exc:
                 return self.fail(job_id, str(exc), exc.code)
         decode_s = time.time() - started
-        return self._hand_over(job_id, decode_s, tensor_key, packed, self._stream_for(job.spec, owner))
+        return self._hand_over(job_id, decode_s, packed, self._stream_for(job.spec, owner))
 
     # --- steps ---
     def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
@@ -135,30 +127,29 @@ class DecodePipeline:
         return DecodeOutcome(refused.status.value)
 
     def decode_bytes(self, data: bytes) -> dict[str, Any]:
+        """The image's pixels as the wire carries them (``ImageProcessorHandle.wire``)."""
         img = decode_image(
             data, self.settings.max_image_pixels, self.processor.target_pixels, draft=self.settings.jpeg_draft
         )
         try:
-            return self.processor(img)
+            return self.processor.wire(img)
         except Exception as exc:  # e.g. extreme aspect ratios; any failure here is the image's
             raise ImageRejected(f"image could not be processed: {exc}") from exc
 
-    def _hand_over(
-        self, job_id: str, decode_s: float, tensor_key: str | None, packed: bytes | None, stream: str
-    ) -> DecodeOutcome:
-        """One MULTI: the new tensor (if decoded), the decode timings, then ``HANDOFF_LUA``."""
-        cache_hit = tensor_key is not None and packed is None
+    def _hand_over(self, job_id: str, decode_s: float, packed: bytes | None, stream: str) -> DecodeOutcome:
+        """One MULTI: the decode timing, then ``HANDOFF_LUA`` (which stores the pixels if it hands
+        the job over: none are left behind for a job that changed state meanwhile)."""
         pipe = self.r.pipeline(transaction=True)
-        if tensor_key is not None and packed is not None:
-            pipe.set(tensor_key, packed, ex=self.settings.image_ttl_s)
-        pipe.hset(
-            self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "tensor_cached": int(cache_hit)}
-        )
-        args = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
-        pipe_script(pipe, HANDOFF_LUA, [*self._job_keys(job_id), stream], args)
+        pipe.hset(self.keys.job(job_id), "decode_s", f"{decode_s:.6f}")
+        keys = [*self._job_keys(job_id), stream]
+        args: list[Any] = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
+        if packed is not None:  # kept no longer than a job can live; FINISH_LUA deletes them sooner
+            keys.append(self.keys.job_pixels(job_id))
+            args += [packed, int(self.settings.max_job_s) + 60]
+        pipe_script(pipe, HANDOFF_LUA, keys, args)
         if not pipe.execute()[-1]:
-            return DecodeOutcome("skipped", "job changed state while decoding", decode_s, cache_hit)
-        return DecodeOutcome("waiting", "", decode_s, cache_hit)
+            return DecodeOutcome("skipped", "job changed state while decoding", decode_s)
+        return DecodeOutcome("waiting", "", decode_s)
 
     def _dead_letter(self, job_id: str, interrupted: int) -> DecodeOutcome:
         reason = f"decoding this image was interrupted {interrupted} times"

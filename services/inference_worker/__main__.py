@@ -9,13 +9,15 @@ device error): it then releases its in-flight jobs to other workers and exits wi
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 from types import FrameType
 
 from services.engine import Engine
-from services.inference_worker.engine_setup import engine_config, tensor_processor_id
+from services.inference_worker.engine_setup import engine_config, pixel_processor
 from services.inference_worker.loop import InferenceWorker
 from shared import log_context, tracing
 from shared.config import get_inference_settings
@@ -36,14 +38,26 @@ def install_signals(worker: InferenceWorker) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def set_torch_threads(configured: int) -> int:
+    """Intra-op threads for the engine's forwards (one forward at a time: no inter-op pool needed)."""
+    import torch
+
+    threads = configured or int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # only possible before any parallel work started
+        torch.set_num_interop_threads(1)
+    return threads
+
+
 def main() -> int:
     settings = get_inference_settings()
     sys.setswitchinterval(settings.gil_switch_interval_s)
     log_context.configure(settings.log_level)
     tracing.setup("inference", settings.otlp_endpoint)
+    set_torch_threads(settings.torch_threads)
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
-    worker = InferenceWorker(settings, engine, client, tensor_processor_id(engine, settings.model))
+    worker = InferenceWorker(settings, engine, client, pixel_processor(engine, settings.model))
     install_signals(worker)
     engine.start()
     engine.prewarm()

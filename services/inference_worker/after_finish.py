@@ -23,7 +23,7 @@ import redis
 from services.inference_worker import job_metrics
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.stream_consumer import StreamConsumer
-from shared import conversations, log_context, metrics_hash, result_cache
+from shared import conversations, log_context, metrics_hash, recent_jobs, result_cache
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobSpec, JobStatus
 
@@ -125,6 +125,7 @@ class FinishEffects:
         metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
         if status is not JobStatus.DONE:
             return
+        recent_jobs.record(pipe, self.keys, event.timings, event.usage)
         cache_key = result_cache.cache_key(
             self.keys, self.config.model_id, run.spec, self.config.shared_results
         )

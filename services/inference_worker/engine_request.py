@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from services.engine.api import GenerationRequest, ImageInput, SamplingParams
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+from shared.tensors import TensorCodecError, unpack_image
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
@@ -37,11 +39,30 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
 
 
 def image_input(tensors: dict[str, torch.Tensor], digest: str) -> ImageInput:
-    """Processor output from Redis (float16 on the wire) -> ImageInput in float32."""
-    tensors = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+    """The image processor's output -> ImageInput, floating tensors in float32 (copied only when
+    they are not float32 already: the previous release's float16 wire)."""
+    tensors = {k: _float32(v) for k, v in tensors.items()}
     pixel_values = tensors.pop("pixel_values")
     grid = tensors.pop("image_grid_thw")
     return ImageInput(pixel_values=pixel_values, image_grid_thw=grid, digest=digest, extra=tensors)
+
+
+def _float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.is_floating_point() and tensor.dtype != torch.float32 else tensor
+
+
+def pixels_input(handle: ImageProcessorHandle, payload: bytes, digest: str) -> ImageInput:
+    """A job's pixels as the decode worker stored them (``shared.tensors.pack_image``) -> ImageInput:
+    the processor's steps after its resize run here (``ImageProcessorHandle.from_wire``).
+    Raises TensorCodecError for a payload it cannot read or one made by another processor config."""
+    made_by, tensors = unpack_image(payload)
+    if made_by != handle.processor_id:
+        mine = handle.processor_id
+        raise TensorCodecError(f"pixels made by image processor {made_by}, this worker's is {mine}")
+    try:
+        return image_input(handle.from_wire(tensors), digest)
+    except (ValueError, KeyError) as exc:
+        raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
 
 
 def needs_image(spec: JobSpec) -> bool:

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from services.engine import Engine, EngineConfig
-from services.vlm.image_processor import processor_id
+from services.vlm.image_processor import ImageProcessorHandle
 from services.vlm.loading import load_image_processor
 from shared.config import InferenceSettings
 
@@ -47,7 +47,8 @@ def engine_config(settings: InferenceSettings, config_cls: Any = EngineConfig) -
     return config
 
 
-def tensor_processor_id(engine: Engine, model_path: str) -> str:
-    """Id of the engine's image processor: it names the tensors the decode workers wrote."""
+def pixel_processor(engine: Engine, model_path: str) -> ImageProcessorHandle:
+    """The engine's image processor: its id names the pixels the decode workers wrote, and it runs
+    the steps after their resize (``ImageProcessorHandle.from_wire``)."""
     found = getattr(engine, "image_processor", None)
-    return processor_id(found if found is not None else load_image_processor(model_path))
+    return ImageProcessorHandle.wrap(found if found is not None else load_image_processor(model_path))

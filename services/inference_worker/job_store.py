@@ -1,4 +1,5 @@
-"""Job records as the inference worker sees them: load, start an attempt, tensors, published tokens.
+"""Job records as the inference worker sees them: load, start an attempt (with the job's pixels),
+published tokens.
 
 Terminal states go through ``shared.jobs``' FINISH_LUA (``finish`` queues it on a pipeline, so
 the writer thread can put it in the same round trip as the last token events). Every write of an
@@ -35,12 +36,14 @@ from shared.values import as_str
 
 @dataclass(frozen=True)
 class Begun:
-    """A delivery's start: the job as loaded, its new attempt (0: already terminal), its cancel flag."""
+    """A delivery's start: the job as loaded, its new attempt (0: already terminal), its cancel flag,
+    its pixels as the decode worker stored them (None: none stored, or already terminal)."""
 
     record: JobRecord
     fields: dict[str, str]
     attempt: int
     cancelled: bool
+    pixels: bytes | None = None
 
 
 def _record(raw: dict[Any, Any]) -> tuple[JobRecord, dict[str, str]] | None:
@@ -62,16 +65,17 @@ class JobStore:
 
     # --- reads ---
     def begin(self, job_id: str) -> Begun | None:
-        """One round trip: load the job, begin an attempt unless it is terminal, read its cancel flag.
-        None when the job is gone."""
-        reply = self._begin(keys=[self.keys.job(job_id), self.keys.job_cancel(job_id)])
+        """One round trip: load the job, begin an attempt unless it is terminal, read its cancel flag
+        and its pixels. None when the job is gone."""
+        keys = [self.keys.job(job_id), self.keys.job_cancel(job_id), self.keys.job_pixels(job_id)]
+        reply = self._begin(keys=keys)
         if not reply:
             return None
-        attempt, cancelled, flat = reply
+        attempt, cancelled, flat, pixels = reply
         loaded = _record(dict(zip(flat[::2], flat[1::2], strict=True)))
         if loaded is None:
             return None
-        return Begun(loaded[0], loaded[1], int(attempt), bool(cancelled))
+        return Begun(loaded[0], loaded[1], int(attempt), bool(cancelled), bytes(pixels) if pixels else None)
 
     def cancel_requested(self, job_ids: list[str]) -> list[str]:
         """Those of ``job_ids`` whose cancel flag is set (one round trip)."""
@@ -95,17 +99,14 @@ class JobStore:
                 tokens.extend(event.token_ids[len(tokens) - event.index :])
         return tokens
 
-    def image(self, digest: str, processor_id: str) -> ImageInput:
-        """The decoded tensor; raises LookupError when it is gone, TensorCodecError when corrupt."""
-        key = self.keys.tensor(digest, processor_id)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.expire(key, self.image_ttl_s)  # sessions keep using it
-        payload, _ = pipe.execute()
+    def legacy_image(self, digest: str, processor_id: str) -> ImageInput:
+        """The previous release's decoded tensor of the image (its decode workers, still running in
+        a rolling upgrade, store one per image digest); LookupError when there is none."""
+        payload = self.r.get(self.keys.tensor(digest, processor_id))
         if payload is None:
             raise LookupError("decoded image expired before inference; submit the image again")
         try:
-            return image_input(unpack_tensors(bytes(payload)), digest)  # type: ignore[arg-type]
+            return image_input(unpack_tensors(bytes(payload)), digest)
         except (TensorCodecError, KeyError) as exc:
             raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
 

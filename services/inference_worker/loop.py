@@ -23,13 +23,14 @@ from services.engine.api import ImageInput, RequestRejected
 from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import Finished, WriterConfig
-from services.inference_worker.engine_request import build_request, needs_image
+from services.inference_worker.engine_request import build_request, needs_image, pixels_input
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import JobStore
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
 from services.inference_worker.task_events import TaskEvents
+from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
@@ -46,12 +47,14 @@ def default_worker_id() -> str:
 
 
 class InferenceWorker:
-    def __init__(self, settings: InferenceSettings, engine: Any, client: redis.Redis, processor_id: str):
+    def __init__(
+        self, settings: InferenceSettings, engine: Any, client: redis.Redis, pixels: ImageProcessorHandle
+    ):
         self.settings = settings
         self.engine = engine
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.keys = settings.keys
-        self.processor_id = processor_id
+        self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
         self.worker_id = settings.worker_id or default_worker_id()
         self.task_events = TaskEvents(settings, self.worker_id)  # Flower sees the inference stage
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
@@ -192,7 +195,7 @@ class InferenceWorker:
             return self._ack(entry)  # a deleted entry
         if entry.job_id in self._run_ids():
             return None  # already running here (claimed back our own entry)
-        begun = self.store.begin(entry.job_id)  # load + HINCRBY attempt + cancel flag: one round trip
+        begun = self.store.begin(entry.job_id)  # load, HINCRBY attempt, cancel flag, pixels: one round trip
         if begun is None or begun.record.status.terminal:
             return self._ack(entry)  # gone, or finished by an earlier delivery
         record, attempt = begun.record, begun.attempt
@@ -203,7 +206,7 @@ class InferenceWorker:
         if reason := self._refusal(record, attempt, begun.cancelled):
             return self._ack(entry, outcome=reason)
         try:
-            self._submit(entry, record, begun.fields, attempt)
+            self._submit(entry, record, begun.fields, attempt, begun.pixels)
         except (RequestRejected, LookupError, TensorCodecError) as exc:
             self._forget(entry.job_id)
             self.store.fail(entry.job_id, str(exc), attempt, _error_code(exc))
@@ -218,10 +221,12 @@ class InferenceWorker:
         self.store.end(record.spec.job_id, refused.status, refused.code, refused.error, attempt)
         return refused.status
 
-    def _submit(self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int) -> None:
+    def _submit(
+        self, entry: Entry, record: JobRecord, fields: dict[str, str], attempt: int, pixels: bytes | None
+    ) -> None:
         """Register the run, then submit (the engine validates: RequestRejected, nothing started)."""
         spec = record.spec
-        request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record))
+        request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record, pixels))
         run = JobRun(
             entry=entry,
             spec=spec,
@@ -237,13 +242,17 @@ class InferenceWorker:
         self.engine.submit(request, lambda event, run=run: self.writer.put(run, event))
         self.task_events.job_started(spec.job_id, attempt)
 
-    def _image(self, record: JobRecord) -> ImageInput | None:
+    def _image(self, record: JobRecord, pixels: bytes | None) -> ImageInput | None:
+        """The job's image from the pixels its decode worker stored (or, while a previous release's
+        decode workers still run, from their tensor of the image)."""
         spec = record.spec
         if not needs_image(spec):
             return None
         if spec.image_digest is None:
             raise LookupError("the conversation refers to an image but the job has none")
-        return self.store.image(spec.image_digest, self.processor_id)
+        if pixels is None:
+            return self.store.legacy_image(spec.image_digest, self.pixels.processor_id)
+        return pixels_input(self.pixels, pixels, spec.image_digest)
 
     # --- running jobs ---
     def poll_cancels(self) -> None:

@@ -21,7 +21,6 @@ from shared.jobs.lua import (
     REQUEUE_INFERENCE_LUA,
     ROUTE_LUA,
     SET_STATUS_LUA,
-    TENSOR_OR_IMAGE_LUA,
 )
 from shared.jobs.record import EVENTS_MAXLEN, JobRecord, new_job_hash
 from shared.jobs.refusal import Refusal, past_deadline, refusal
@@ -47,7 +46,6 @@ __all__ = [
     "REQUEUE_INFERENCE_LUA",
     "ROUTE_LUA",
     "SET_STATUS_LUA",
-    "TENSOR_OR_IMAGE_LUA",
     "JobRecord",
     "Refusal",
     "finish_args",

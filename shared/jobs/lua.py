@@ -8,6 +8,7 @@ pass no fence.
 
 from __future__ import annotations
 
+from shared.keys import PIXELS_SUFFIX
 from shared.schemas import SCHEMA_VERSION
 
 ENTRY_V = str(SCHEMA_VERSION)  # every inference stream entry says which schema wrote it
@@ -48,6 +49,8 @@ return 1
 # Same refusal rule; ARGV[6] is a flat JSON object of extra hash fields (text, usage, ...), ARGV[7]
 # the fence. Returns 1 when written, 2 when this same attempt already wrote it (a re-sent FINISH
 # after a lost reply: idempotent), 0 when gone or already terminal, -1 when another attempt owns it.
+# A terminal job needs its pixels no more: they go (``Keys.job_pixels``, derived from KEYS[1] so
+# that every caller's KEYS stay the four job keys).
 FINISH_LUA = (
     IS_TERMINAL_LUA
     + FENCED_LUA
@@ -64,6 +67,9 @@ redis.call('ZREM', KEYS[4], KEYS[1])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'finished_attempt', ARGV[7]) end
 local extra = cjson.decode(ARGV[6])
 for k, v in pairs(extra) do redis.call('HSET', KEYS[1], k, v) end
+redis.call('DEL', KEYS[1] .. '"""
+    + PIXELS_SUFFIX
+    + """')
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'data', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -72,14 +78,16 @@ return 1
 """
 )
 
-# KEYS: the four job keys, then the stream it goes to (the shared one, or a worker's own). ARGV: as
-# SET_STATUS_LUA (6 values), then job_id. Only from queued/decoding: a redelivered task whose job
-# is already handed over does nothing. The stream entry is kept in the hash (``entry_id``,
-# ``entry_stream``) so the sweeper can tell a lost entry from a slow one.
+# KEYS: the four job keys, then the stream it goes to (the shared one, or a worker's own), then
+# (a job with an image) its pixels key. ARGV: as SET_STATUS_LUA (6 values), then job_id, then the
+# pixels and their TTL. Only from queued/decoding: a redelivered task whose job is already handed
+# over (or a job cancelled meanwhile) writes nothing, pixels included. The stream entry is kept in
+# the hash (``entry_id``, ``entry_stream``) so the sweeper can tell a lost entry from a slow one.
 HANDOFF_LUA = (
     """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'decoding' then return 0 end
+if KEYS[6] then redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[9]) end
 local entry = redis.call('XADD', KEYS[5], '*', 'job_id', ARGV[7], 'v', '"""
     + ENTRY_V
     + """')
@@ -188,13 +196,6 @@ return #entries
 """
 )
 
-# KEYS: tensor, image bytes. ARGV: ttl. 1 when the tensor is cached (its TTL refreshed), else the
-# image bytes (nil: expired). One round trip either way, and no image transfer on a cache hit.
-TENSOR_OR_IMAGE_LUA = """
-if redis.call('EXPIRE', KEYS[1], ARGV[1]) == 1 then return 1 end
-return redis.call('GET', KEYS[2])
-"""
-
 # KEYS: job hash, events stream, wake channel. ARGV[1]: maxlen; ARGV[2]: the attempt (fence);
 # ARGV[3..]: triples (first token index, index after the event, token event JSON).
 # Refused (returns 0) when the job is gone, terminal or owned by another attempt: the writer then
@@ -222,9 +223,10 @@ return 1
 """
 )
 
-# KEYS: job hash, cancel flag. Returns {} when the job is gone; else {attempt, cancelled, fields}:
-# the attempt this delivery begins (HINCRBY), or 0 when the job is already terminal (nothing
-# begun), the cancel flag (0/1), and the hash as HGETALL returned it before the increment.
+# KEYS: job hash, cancel flag, and (optional) the job's pixels. Returns {} when the job is gone;
+# else {attempt, cancelled, fields, pixels}: the attempt this delivery begins (HINCRBY), or 0 when
+# the job is already terminal (nothing begun), the cancel flag (0/1), the hash as HGETALL returned
+# it before the increment, and the pixels (nil: none, or not asked for, or terminal).
 BEGIN_ATTEMPT_LUA = (
     IS_TERMINAL_LUA
     + """
@@ -234,6 +236,8 @@ local attempt = 0
 if not is_terminal(redis.call('HGET', KEYS[1], 'status')) then
   attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 end
-return {attempt, redis.call('EXISTS', KEYS[2]), raw}
+local pixels = false
+if KEYS[3] and attempt ~= 0 then pixels = redis.call('GET', KEYS[3]) end
+return {attempt, redis.call('EXISTS', KEYS[2]), raw, pixels}
 """
 )

@@ -12,12 +12,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.conversations import load_messages
 from shared.schemas import ChatTurn, JobStatus, SamplingSpec
+from shared.tensors import pack_tensors
 from tests.service.conftest import wait_done
 from tests.support import jobs as J
 from tests.support.reference import Reference
 from tests.support.stack import ServiceStack
+from worker.imaging import decode_image
 
 
 class V1JobSpec(BaseModel):
@@ -81,6 +84,14 @@ async def test_v1_jobs_are_served_by_todays_workers(
     assert not stack.redis.exists(stack.keys.conversation("an-openai-user"))
 
 
+def store_v1_tensor(stack: ServiceStack, image: bytes, digest: str) -> None:
+    """The previous release's decoded tensor of an image: the processor's whole output, float16,
+    under the image's digest (today's decode workers store each job's resized pixels instead)."""
+    handle = ImageProcessorHandle.load(stack.env["VLMQ_MODEL"])
+    img = decode_image(image, stack.settings.max_image_pixels, handle.target_pixels)
+    stack.redis.set(stack.keys.tensor(digest, handle.processor_id), pack_tensors(handle(img)), ex=600)
+
+
 async def test_v1_stream_entries_are_served(client: Any, service_stack: ServiceStack) -> None:
     """A job a v1 decode worker handed over: status waiting, an entry with only ``job_id``."""
     stack = service_stack
@@ -89,7 +100,8 @@ async def test_v1_stream_entries_are_served(client: Any, service_stack: ServiceS
     J.create_job(stack.redis, stack.keys, spec)
     stack.enqueue_decode(spec.job_id)
     done = await wait_done(client, spec.job_id, 60)
-    again = J.make_spec(digest=spec.image_digest, max_tokens=4)  # its tensor is cached now
+    again = J.make_spec(digest=spec.image_digest, max_tokens=4)
+    store_v1_tensor(stack, image, spec.image_digest or "")  # what its v1 decode worker stored
     J.create_job(stack.redis, stack.keys, again)
     stack.redis.hset(stack.keys.job(again.job_id), "status", "waiting")
     stack.redis.xadd(stack.keys.inference_stream(), {"job_id": again.job_id})

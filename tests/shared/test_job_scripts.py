@@ -13,7 +13,6 @@ from shared.jobs import (
     FINISH_LUA,
     HANDOFF_LUA,
     SET_STATUS_LUA,
-    TENSOR_OR_IMAGE_LUA,
     finish_call,
     job_keys,
     new_job_hash,
@@ -82,24 +81,45 @@ def test_finish_writes_once_and_answers_a_resent_finish(redis_client: Any, keys:
 def test_handoff_enqueues_once_from_queued_or_decoding(redis_client: Any, keys: Keys) -> None:
     r = redis_client
     job_id = new_job(r, keys, status="decoding")
-    args = [*status_args(JobStatus.WAITING, time.time(), 60), job_id]
-    script_keys = [*job_keys(keys, job_id), keys.inference_stream()]
-    assert r.eval(HANDOFF_LUA, 5, *script_keys, *args) == 1
-    assert r.eval(HANDOFF_LUA, 5, *script_keys, *args) == 0  # a redelivered decode task
+    args = [*status_args(JobStatus.WAITING, time.time(), 60), job_id, b"pixels", 30]
+    script_keys = [*job_keys(keys, job_id), keys.inference_stream(), keys.job_pixels(job_id)]
+    assert r.eval(HANDOFF_LUA, 6, *script_keys, *args) == 1
+    assert r.get(keys.job_pixels(job_id)) == b"pixels" and 0 < r.ttl(keys.job_pixels(job_id)) <= 30
+    r.delete(keys.job_pixels(job_id))
+    assert r.eval(HANDOFF_LUA, 6, *script_keys, *args) == 0  # a redelivered decode task
+    assert not r.exists(keys.job_pixels(job_id))  # writes nothing, pixels included
     assert [f[b"job_id"] for _, f in r.xrange(keys.inference_stream())] == [job_id.encode()]
     assert r.hget(keys.job(job_id), "status") == b"waiting" and r.hexists(keys.job(job_id), "waiting_at")
+
+
+def test_handoff_without_an_image_stores_no_pixels(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="decoding")
+    args = [*status_args(JobStatus.WAITING, time.time(), 60), job_id]
+    assert r.eval(HANDOFF_LUA, 5, *job_keys(keys, job_id), keys.inference_stream(), *args) == 1
+    assert not r.exists(keys.job_pixels(job_id))
+
+
+def test_a_terminal_job_loses_its_pixels(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="generating")
+    r.set(keys.job_pixels(job_id), b"pixels")
+    assert finish(r, keys, job_id, JobStatus.DONE) == 1
+    assert not r.exists(keys.job_pixels(job_id))
 
 
 def test_begin_attempt_counts_deliveries_and_reads_the_cancel_flag(redis_client: Any, keys: Keys) -> None:
     r = redis_client
     job_id = new_job(r, keys, status="waiting")
-    script_keys = [keys.job(job_id), keys.job_cancel(job_id)]
-    attempt, cancelled, flat = r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)
-    assert (attempt, cancelled) == (1, 0) and b"spec" in flat[::2]
+    r.set(keys.job_pixels(job_id), b"pixels")
+    script_keys = [keys.job(job_id), keys.job_cancel(job_id), keys.job_pixels(job_id)]
+    attempt, cancelled, flat, pixels = r.eval(BEGIN_ATTEMPT_LUA, 3, *script_keys)
+    assert (attempt, cancelled, pixels) == (1, 0, b"pixels") and b"spec" in flat[::2]
     r.set(keys.job_cancel(job_id), "1")
-    assert r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)[:2] == [2, 1]
+    assert r.eval(BEGIN_ATTEMPT_LUA, 3, *script_keys)[:2] == [2, 1]
+    assert r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys[:2])[3] is None  # pixels not asked for
     finish(r, keys, job_id, JobStatus.CANCELLED)
-    assert r.eval(BEGIN_ATTEMPT_LUA, 2, *script_keys)[0] == 0  # terminal: nothing begun
+    assert r.eval(BEGIN_ATTEMPT_LUA, 3, *script_keys)[0] == 0  # terminal: nothing begun
     assert r.eval(BEGIN_ATTEMPT_LUA, 2, keys.job("gone"), keys.job_cancel("gone")) == []
 
 
@@ -125,16 +145,6 @@ def test_append_tokens_skips_published_indices_and_refuses_other_attempts(
     assert append(r, keys, job_id, 2, (3, 4)) == 0  # fenced: attempt 1 owns the job
     finish(r, keys, job_id, JobStatus.CANCELLED)
     assert append(r, keys, job_id, 1, (3, 4)) == 0  # terminal
-
-
-def test_tensor_or_image_prefers_the_cached_tensor(redis_client: Any, keys: Keys) -> None:
-    r = redis_client
-    tensor, image = keys.tensor("d", "p"), keys.image("d")
-    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) is None  # neither: expired
-    r.set(image, b"jpeg-bytes")
-    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) == b"jpeg-bytes"
-    r.set(tensor, b"packed")
-    assert r.eval(TENSOR_OR_IMAGE_LUA, 2, tensor, image, 60) == 1 and 0 < r.ttl(tensor) <= 60
 
 
 def test_terminal_event_shapes() -> None:

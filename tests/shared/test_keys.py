@@ -16,6 +16,7 @@ def test_every_key_carries_the_prefix_and_kinds_never_collide() -> None:
         keys.job_events("x"),
         keys.job_wake("x"),
         keys.job_cancel("x"),
+        keys.job_pixels("x"),
         keys.inference_stream(),
         keys.dead_letters(),
         keys.decode_queue(),

@@ -6,7 +6,14 @@ import msgpack
 import pytest
 import torch
 
-from shared.tensors import MAX_ELEMENTS, TensorCodecError, pack_tensors, unpack_tensors
+from shared.tensors import (
+    MAX_ELEMENTS,
+    TensorCodecError,
+    pack_image,
+    pack_tensors,
+    unpack_image,
+    unpack_tensors,
+)
 
 
 def test_round_trip_keeps_shapes_and_integer_values_exactly() -> None:
@@ -47,3 +54,23 @@ def _entry(dtype: str, shape: list[int], data: bytes) -> bytes:
 def test_bad_payloads_raise_a_codec_error(payload: bytes, words: str) -> None:
     with pytest.raises(TensorCodecError, match=words):
         unpack_tensors(payload)
+
+
+def test_an_image_travels_with_the_id_of_its_processor() -> None:
+    pixels = torch.randint(0, 256, (3, 8, 6), dtype=torch.uint8)
+    made_by, out = unpack_image(pack_image("proc-1", {"pixels": pixels}))
+    assert made_by == "proc-1" and torch.equal(out["pixels"], pixels)
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        (b"\xc1not msgpack", "malformed"),
+        (msgpack.packb({"tensors": {}}), "processor id"),
+        (msgpack.packb({"processor": "p", "tensors": [1]}), "lacks its tensors"),
+        (msgpack.packb({"processor": "p", "tensors": {"x": {"dtype": "object"}}}), "lacks"),
+    ],
+)
+def test_bad_image_payloads_raise_a_codec_error(payload: bytes, words: str) -> None:
+    with pytest.raises(TensorCodecError, match=words):
+        unpack_image(payload)

@@ -1,17 +1,27 @@
 """The reference answer: the same checkpoint run batch-of-one without caches
-(``Engine.generate_sync``) on the tensors the decode path makes from the same bytes."""
+(``Engine.generate_sync``) on the pixels the decode path makes from the same bytes."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
 
 from services.engine import Engine, EngineConfig
-from services.inference_worker.engine_request import build_request, image_input
+from services.engine.api import ImageInput
+from services.inference_worker.engine_request import build_request, pixels_input
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
 from shared.schemas import JobSpec
-from shared.tensors import pack_tensors, unpack_tensors
+from shared.tensors import pack_image
 from worker.imaging import decode_image
+
+
+def decoded_image(handle: ImageProcessorHandle, data: bytes, digest: str | None = None) -> ImageInput:
+    """What the inference worker hands the engine for ``data``: decoded and resized as the decode
+    worker does it, over the same wire, finished by the processor as the inference worker does it."""
+    settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
+    img = decode_image(data, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft)
+    payload = pack_image(handle.processor_id, handle.wire(img))
+    return pixels_input(handle, payload, digest or hashlib.sha256(data).hexdigest())
 
 
 class Reference:
@@ -28,17 +38,10 @@ class Reference:
             )
         )
         self.processor = ImageProcessorHandle.load(model_path)
-        self.settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
         self.engine.start()
 
-    def tensors(self, data: bytes) -> dict[str, Any]:
-        img = decode_image(
-            data, self.settings.max_image_pixels, self.processor.target_pixels, draft=self.settings.jpeg_draft
-        )
-        return unpack_tensors(pack_tensors(self.processor(img)))  # the same float16 wire trip
-
     def answer(self, spec: JobSpec, data: bytes | None) -> str:
-        image = image_input(self.tensors(data), spec.image_digest or "") if data is not None else None
+        image = decoded_image(self.processor, data, spec.image_digest) if data is not None else None
         request = build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", image)
         request.deadline = None
         return "".join(e.text for e in self.engine.generate_sync(request, timeout_s=60))

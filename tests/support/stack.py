@@ -72,8 +72,11 @@ class ServiceStack:
         extra_env: dict[str, str] | None = None,
         components: Iterable[str] = ALL,
         key_prefix: str | None = None,
+        task_events: bool = False,
     ) -> None:
+        """``task_events``: decode workers publish Celery task events (``-E``), as where Flower runs."""
         self.key_prefix = key_prefix or f"vlmqtest-{uuid.uuid4().hex[:8]}"
+        self.task_events = task_events
         self.env = base_env(redis_url, self.key_prefix, extra_env)
         self.settings = GatewaySettings.model_validate(_settings_kwargs(self.env))  # exactly the stack's env
         self.keys: Keys = self.settings.keys
@@ -94,7 +97,8 @@ class ServiceStack:
         if kind == "decode":
             concurrency = self.env.get("VLMQ_DECODE_CONCURRENCY", "1")
             node = f"{name}-{self.key_prefix}@%h"
-            cmd = decode_command(concurrency, "INFO", node, "--without-mingle", "--without-gossip")
+            extra = ("--without-mingle", "--without-gossip")
+            cmd = decode_command(concurrency, "INFO", node, *extra, events=self.task_events)
             return ManagedProcess(name, cmd, self.env, log, ready=log_contains("decode process ready"))
         if kind == "inference":
             env = {**self.env, "VLMQ_WORKER_ID": f"{name}-{self.key_prefix}"}

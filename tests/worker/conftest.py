@@ -11,6 +11,7 @@ from tests.support.stack import ServiceStack, running
 
 @pytest.fixture(scope="module")
 def decode_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
-    stack = ServiceStack(redis_url, tmp_path_factory.mktemp("decode-logs"), components=("decode",))
+    logs = tmp_path_factory.mktemp("decode-logs")  # task events on: as where Flower runs (make up)
+    stack = ServiceStack(redis_url, logs, components=("decode",), task_events=True)
     with running(stack):
         yield stack

@@ -20,7 +20,7 @@ from services.vlm.image_processor import ImageProcessorHandle
 from shared.config import DecodeWorkerSettings
 from shared.decode_task import DECODE_TASK
 from shared.schemas import JobStatus
-from shared.tensors import unpack_tensors
+from shared.tensors import unpack_image
 from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 from tests.worker.images import bad_images, good_images
@@ -46,7 +46,9 @@ def settled(stack: ServiceStack, job_id: str) -> JobStatus:
     return wait_for(done, 60, what=f"job {job_id} decoded")
 
 
-def test_images_become_the_processors_tensor(decode_stack: ServiceStack) -> None:
+def test_images_become_the_jobs_resized_pixels(decode_stack: ServiceStack) -> None:
+    """The job's pixels: the processor's resized picture, uint8, named by the processor's id; the
+    processor's steps after the resize turn them into exactly its own output."""
     images = good_images()
     ids = {name: submit(decode_stack, data) for name, data in images.items()}
     handle = ImageProcessorHandle.load(decode_stack.env["VLMQ_MODEL"])
@@ -56,16 +58,15 @@ def test_images_become_the_processors_tensor(decode_stack: ServiceStack) -> None
     ]
     for name, job_id in ids.items():
         assert settled(decode_stack, job_id) is JobStatus.WAITING, name
-        digest = J.job(decode_stack.redis, decode_stack.keys, job_id).spec.image_digest
-        assert digest is not None
-        payload = decode_stack.redis.get(decode_stack.keys.tensor(digest, handle.processor_id))
-        assert payload is not None, f"{name}: no tensor under the processor's id"
-        got = unpack_tensors(payload)
+        payload = decode_stack.redis.get(decode_stack.keys.job_pixels(job_id))
+        assert payload is not None, f"{name}: no pixels stored for the job"
+        made_by, got = unpack_image(payload)
         img = decode_image(images[name], decode_stack.settings.max_image_pixels, handle.target_pixels)
-        want = handle(img)
-        assert got["pixel_values"].dtype == torch.float16  # float16 on the wire
-        assert torch.equal(got["pixel_values"], want["pixel_values"].half()), name
-        assert torch.equal(got["image_grid_thw"], want["image_grid_thw"]), name
+        assert made_by == handle.processor_id and got["pixels"].dtype == torch.uint8, name
+        assert len(payload) < 90_000, f"{name}: {len(payload)} bytes on the wire"
+        want, finished = handle(img), handle.from_wire(got)
+        assert torch.equal(finished["pixel_values"], want["pixel_values"]), name
+        assert torch.equal(finished["image_grid_thw"], want["image_grid_thw"]), name
         assert job_id in queued or _in_stream(decode_stack, job_id), f"{name}: not handed to inference"
         assert float(decode_stack.redis.hget(decode_stack.keys.job(job_id), "decode_s")) > 0
 
@@ -100,20 +101,30 @@ def test_expired_and_cancelled_jobs_are_never_decoded(decode_stack: ServiceStack
     decode_stack.enqueue_decode(spec.job_id)
     assert settled(decode_stack, expired) is JobStatus.EXPIRED
     assert settled(decode_stack, spec.job_id) is JobStatus.CANCELLED
-    digest = spec.image_digest
-    assert digest is not None
-    assert not list(decode_stack.redis.scan_iter(match=decode_stack.keys.tensor(digest, "*")))
+    assert not decode_stack.redis.exists(decode_stack.keys.job_pixels(expired))
+    assert not decode_stack.redis.exists(decode_stack.keys.job_pixels(spec.job_id))
     assert not _in_stream(decode_stack, expired) and not _in_stream(decode_stack, spec.job_id)
 
 
-def test_same_image_is_decoded_once(decode_stack: ServiceStack) -> None:
+def test_each_job_gets_its_own_pixels_from_the_stored_bytes(decode_stack: ServiceStack) -> None:
+    """A later turn about the same image decodes the stored upload again (its TTL renewed): pixels
+    are the job's own and go with it, so nothing per image outlives the jobs but the bytes."""
     data = J.image_bytes("WEBP", (500, 300), seed=12)
     first = submit(decode_stack, data)
     assert settled(decode_stack, first) is JobStatus.WAITING
-    second = submit(decode_stack, data)
+    digest = J.job(decode_stack.redis, decode_stack.keys, first).spec.image_digest
+    assert digest is not None
+    decode_stack.redis.expire(decode_stack.keys.image(digest), 5)
+    later = J.make_spec("And its size?", digest=digest)  # a later turn: the image by its digest
+    J.create_job(decode_stack.redis, decode_stack.keys, later)
+    decode_stack.enqueue_decode(later.job_id)
+    second = later.job_id
     assert settled(decode_stack, second) is JobStatus.WAITING
-    cached = [decode_stack.redis.hget(decode_stack.keys.job(j), "tensor_cached") for j in (first, second)]
-    assert cached == [b"0", b"1"]
+    first_pixels, second_pixels = (
+        decode_stack.redis.get(decode_stack.keys.job_pixels(j)) for j in (first, second)
+    )
+    assert first_pixels is not None and first_pixels == second_pixels
+    assert decode_stack.redis.ttl(decode_stack.keys.image(digest)) > 5  # renewed by the second decode
 
 
 def test_task_message_carries_the_job_id_only(decode_stack: ServiceStack) -> None:

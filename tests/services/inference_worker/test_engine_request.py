@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from services.inference_worker.engine_request import (
     build_request,
     chat_messages,
     image_input,
+    pixels_input,
     sampling_params,
 )
+from services.vlm.image_processor import ImageProcessorHandle
 from shared.schemas import ChatTurn, SamplingSpec
-from tests.support.jobs import make_spec
+from shared.tensors import TensorCodecError, pack_image
+from tests.support import models
+from tests.support.jobs import image_bytes, make_spec
+from tests.support.reference import decoded_image
+from worker.imaging import decode_image
 
 
 def test_image_part_only_on_the_image_turn_and_no_invented_system_message() -> None:
@@ -39,3 +46,23 @@ def test_sampling_and_request_fields_carry_over() -> None:
     assert request.use_cache is False and request.sampling == sampling_params(spec.sampling)
     assert request.sampling.stop == ("\n",) and request.sampling.seed == 3
     assert request.images[0].pixel_values.dtype == torch.float32 and request.images[0].digest == "d" * 64
+
+
+def test_pixels_are_finished_by_the_processor_exactly() -> None:
+    """The decode worker's uint8 picture, finished here, is the processor's own output, bit for bit."""
+    handle = ImageProcessorHandle.load(models.test_model_path())
+    assert handle.split
+    data = image_bytes("JPEG", (333, 222), seed=4)
+    image = decoded_image(handle, data, "d" * 64)
+    whole = handle(decode_image(data, 10**8, handle.target_pixels))
+    assert torch.equal(image.pixel_values, whole["pixel_values"])
+    assert torch.equal(image.image_grid_thw, whole["image_grid_thw"])
+
+
+def test_pixels_of_another_processor_or_a_bad_shape_are_refused() -> None:
+    handle = ImageProcessorHandle.load(models.test_model_path())
+    pixels = torch.zeros(3, 168, 168, dtype=torch.uint8)
+    with pytest.raises(TensorCodecError, match="made by image processor"):
+        pixels_input(handle, pack_image("not-this-one", {"pixels": pixels}), "d" * 64)
+    with pytest.raises(TensorCodecError, match="uint8"):
+        pixels_input(handle, pack_image(handle.processor_id, {"pixels": pixels.float()}), "d" * 64)

@@ -21,6 +21,7 @@ from shared.keys import INFERENCE_GROUP
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus
 from tests.support import jobs as J
 from tests.support.processes import ManagedProcess
+from tests.support.reference import decoded_image
 from tests.support.stack import ServiceStack, wait_for
 
 pytestmark = pytest.mark.slow
@@ -50,9 +51,11 @@ def tokens(stack: ServiceStack, job_id: str) -> list[JobEvent]:
 
 
 def reference_text(stack: ServiceStack, engine: Engine, spec: JobSpec) -> tuple[str, list[int]]:
-    store = JobStore(stack.redis, stack.keys, 3600, 900)
-    processor_id = ImageProcessorHandle.load(stack.env["VLMQ_MODEL"]).processor_id
-    image = store.image(spec.image_digest, processor_id) if spec.image_digest else None
+    """The engine's uncached answer on the pixels the decode path makes from the stored image bytes
+    (the job's own pixels are gone once it is terminal)."""
+    handle = ImageProcessorHandle.load(stack.env["VLMQ_MODEL"])
+    data = stack.redis.get(stack.keys.image(spec.image_digest)) if spec.image_digest else None
+    image = decoded_image(handle, data, spec.image_digest) if data is not None else None
     events = engine.generate_sync(
         build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", image), timeout_s=60
     )

@@ -1,4 +1,4 @@
-"""``JobStore`` round trips against a real Redis (no engine): beginning an attempt, tensors."""
+"""``JobStore`` round trips against a real Redis (no engine): beginning an attempt, pixels."""
 
 from __future__ import annotations
 
@@ -44,6 +44,15 @@ def test_begin_never_creates_nor_restarts_a_job(redis_client: Any, keys: Keys) -
     assert redis_client.hget(keys.job(spec.job_id), "attempt") == b"0"
 
 
-def test_missing_tensor_is_a_lookup_error(redis_client: Any, keys: Keys) -> None:
+def test_begin_reads_the_jobs_pixels(redis_client: Any, keys: Keys) -> None:
+    store = _store(redis_client, keys)
+    spec = J.make_spec()
+    J.create_job(redis_client, keys, spec)
+    assert (begun := store.begin(spec.job_id)) is not None and begun.pixels is None
+    redis_client.set(keys.job_pixels(spec.job_id), b"packed")
+    assert (begun := store.begin(spec.job_id)) is not None and begun.pixels == b"packed"
+
+
+def test_missing_legacy_tensor_is_a_lookup_error(redis_client: Any, keys: Keys) -> None:
     with pytest.raises(LookupError):
-        _store(redis_client, keys).image("0" * 64, "proc")
+        _store(redis_client, keys).legacy_image("0" * 64, "proc")

@@ -1,0 +1,48 @@
+"""The image processor split at its resize: the decode worker's uint8 picture, finished by the
+inference worker, is the processor's own output bit for bit, for every architecture the engine
+serves; a processor that cannot be split ships its whole output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from bench.common import build_model
+from services.vlm.image_processor import RESIZED, ImageProcessorHandle
+from tests.support import models
+from tests.support.jobs import image_bytes
+from worker.imaging import decode_image
+
+
+def processors() -> dict[str, Any]:
+    found = {"bundled": ImageProcessorHandle.load(models.test_model_path()).processor}
+    for family in ("glm4v", "qwen2_vl", "llava"):
+        found[family] = build_model(family)[1].image_processor
+    return found
+
+
+@pytest.mark.parametrize("name", ["bundled", "glm4v", "qwen2_vl", "llava"])
+def test_the_split_is_exact(name: str) -> None:
+    handle = ImageProcessorHandle.wrap(processors()[name])
+    assert handle.split, f"{name}: the processor's work does not split after its resize"
+    for seed, (fmt, size) in enumerate([("JPEG", (333, 222)), ("PNG", (64, 300)), ("WEBP", (1024, 700))]):
+        img = decode_image(image_bytes(fmt, size, seed=seed), 10**8, handle.target_pixels)
+        wire = handle.wire(img)
+        assert set(wire) == {RESIZED} and wire[RESIZED].dtype == torch.uint8
+        whole, finished = handle(img), handle.from_wire(wire)
+        assert whole.keys() == finished.keys()
+        assert all(torch.equal(whole[k], finished[k]) for k in whole), (name, fmt, size)
+
+
+def test_a_processor_that_does_not_resize_ships_its_whole_output() -> None:
+    processor = ImageProcessorHandle.load(models.test_model_path()).processor
+    processor.do_resize = False  # nothing to split at: the whole output travels (float16)
+    handle = ImageProcessorHandle.wrap(processor)
+    img = Image.new("RGB", (168, 168), (10, 200, 30))
+    assert not handle.split
+    wire = handle.wire(img)
+    assert "pixel_values" in wire and RESIZED not in wire
+    assert torch.equal(handle.from_wire(wire)["pixel_values"], handle(img)["pixel_values"])
