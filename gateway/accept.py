@@ -34,7 +34,7 @@ from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
 from gateway.quotas import charge
 from gateway.state import GatewayState
-from shared import conversations, result_cache
+from shared import conversations, log_context, result_cache, tracing
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
 from shared.jobs.routing import needs_decoding
 from shared.redis_clients import NotReplicated, ReplicatedPipeline
@@ -56,9 +56,11 @@ async def submit(state: GatewayState, sub: Submission, route: str | None = None)
     leaving nothing behind but the quota counts). ``route`` labels the metrics (default: the
     submission's source)."""
     route = route or sub.source
-    with state.metrics.submit_seconds.labels(route).time():
+    with state.metrics.submit_seconds.labels(route).time(), tracing.span("vlmq.submit", route=route) as span:
         job = await build_job(state, sub)
         spec = job.spec
+        log_context.bind(spec.job_id)  # this request's later log lines name the job
+        span.set_attribute("vlmq.job_id", spec.job_id)
         headers = await charge(state.redis, state.keys, sub.tenant, spec.job_id, spec.sampling.max_tokens)
         accepted = await accept_job(state, job, sub.use_result_cache)
     state.metrics.submitted.labels(route).inc()

@@ -33,14 +33,14 @@ from gateway.routes import (
 )
 from gateway.routes.health import render_metrics
 from gateway.state import GatewayState
+from gateway.tracing import TraceparentHeader
+from shared import log_context, tracing
 from shared.config import GatewaySettings, get_gateway_settings
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or get_gateway_settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    log_context.configure(settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +76,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"], max_age=600
         )
     app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
+    if tracing.setup("gateway", settings.otlp_endpoint):
+        app.add_middleware(TraceparentHeader)  # FastAPI itself makes the request spans
     routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
     for module in routers:
         app.include_router(module.router)

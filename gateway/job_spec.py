@@ -21,6 +21,7 @@ from gateway.intake import NextTurn, Submission, WholeConversation
 from gateway.keyring import Priority
 from gateway.request_params import GenerationOptions
 from gateway.state import GatewayState
+from shared import tracing
 from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 
 
@@ -72,6 +73,7 @@ async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
         source=sub.source,
         tenant=sub.tenant.name if sub.tenant else None,
         priority=priority(sub),
+        traceparent=tracing.current_traceparent(),  # the submit span: the workers' spans join it
     )
     if isinstance(sub.ask, WholeConversation):
         return _whole_conversation(spec, sub.ask, sub.image)

@@ -70,6 +70,11 @@ class CommonSettings(BaseSettings):
     default_max_tokens: int = Field(64, description="max_tokens when a request does not say")
     max_tokens_limit: int = Field(512, description="Largest accepted max_tokens")
     log_level: str = Field("INFO", description="Python log level of every process")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://collector:4318): every "
+        "process exports its spans to <url>/v1/traces; unset: no tracing",
+    )
     quantize: str = Field(
         "none", description="none|bf16|int8|int4, applied at load time (part of the result-cache key)"
     )

@@ -107,6 +107,7 @@ class JobSpec(BaseModel):
     source: Literal["jobs", "ws", "openai"] = "jobs"  # the route it came by (a metrics label)
     tenant: str | None = None  # who submitted it (None: an open gateway); nobody else sees it
     priority: Literal["interactive", "batch"] = "interactive"  # interactive goes first, batch ages in
+    traceparent: str | None = None  # W3C context of the gateway's span (shared.tracing); None: untraced
 
     def image_digests(self) -> list[str]:
         """Every image the conversation shows, each once, in order of first appearance."""

@@ -23,7 +23,7 @@ import redis
 from services.inference_worker import job_metrics
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.stream_consumer import StreamConsumer
-from shared import conversations, metrics_hash, recent_jobs, result_cache
+from shared import conversations, log_context, metrics_hash, recent_jobs, result_cache
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobSpec, JobStatus
 
@@ -98,14 +98,15 @@ class FinishEffects:
         for item in done:
             self.config.on_end(item)
             note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
-            log.info(
-                "job %s attempt %d: %s%s (%d tokens)",
-                item.run.job_id,
-                item.run.attempt,
-                item.status.value,
-                note.get(item.reply, "") + suffix,
-                len(item.run.token_ids),
-            )
+            with log_context.job(item.run.job_id):
+                log.info(
+                    "job %s attempt %d: %s%s (%d tokens)",
+                    item.run.job_id,
+                    item.run.attempt,
+                    item.status.value,
+                    note.get(item.reply, "") + suffix,
+                    len(item.run.token_ids),
+                )
 
     def ack(self, run: JobRun) -> None:
         pipe = self.r.pipeline(transaction=False)

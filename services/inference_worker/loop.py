@@ -20,8 +20,9 @@ from typing import Any
 import redis
 
 from services.engine.api import GenerationRequest, ImageInput, RequestRejected
+from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
-from services.inference_worker.after_finish import WriterConfig
+from services.inference_worker.after_finish import Finished, WriterConfig
 from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
@@ -30,7 +31,7 @@ from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
 from services.inference_worker.task_events import TaskEvents
 from services.vlm.image_processor import ImageProcessorHandle
-from shared import metrics_hash, workers
+from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
 from shared.schemas import ErrorCode, JobStatus
@@ -70,7 +71,7 @@ class InferenceWorker:
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
-            on_end=lambda item: self.task_events.job_ended(item),
+            on_end=self._ended,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         engine.add_step_listener(self.writer.step_done)  # one write per engine step
@@ -187,7 +188,10 @@ class InferenceWorker:
             elif entry.job_id not in self._run_ids() and entry not in fresh:  # not ours already
                 fresh.append(entry)
         replies = self.store.begin_many([entry.job_id for entry in fresh])
-        ready = [self._guarded(entry, reply) for entry, reply in zip(fresh, replies, strict=True)]
+        ready = []
+        for entry, reply in zip(fresh, replies, strict=True):
+            with log_context.job(entry.job_id):  # its log lines name the job
+                ready.append(self._guarded(entry, reply))
         self._submit_all([r for r in ready if r is not None])
 
     def _guarded(self, entry: Entry, reply: Any) -> Ready | None:
@@ -337,6 +341,14 @@ class InferenceWorker:
         workers.publish(pipe, self.keys, beat, ttl_ms)
         pipe.execute()
         self.task_events.heartbeat(beat["inflight"])
+
+    def _ended(self, item: Finished) -> None:
+        """Writer thread: an attempt ended; tell Flower and the tracer (both off by default)."""
+        try:
+            self.task_events.job_ended(item)
+            job_spans.record(item, self.worker_id)
+        except Exception:  # monitoring never fails the writer (nor so the worker)
+            log.exception("job %s: task event or spans not recorded", item.run.job_id)
 
     def _finished(self, run: JobRun) -> None:
         """Writer thread: the job's terminal state is written and its entry acknowledged."""
