@@ -22,6 +22,7 @@ import redis
 
 from services.inference_worker import job_metrics
 from services.inference_worker.job_run import JobRun
+from services.inference_worker.metrics_buffer import MetricsBuffer
 from services.inference_worker.stream_consumer import StreamConsumer
 from shared import conversations, log_context, metrics_hash, recent_jobs, result_cache
 from shared.keys import Keys
@@ -62,6 +63,12 @@ class FinishEffects:
         self.keys = keys
         self.consumer = consumer
         self.config = config
+        self.metrics = MetricsBuffer()  # done jobs' histograms: summed, written by ``flush_metrics``
+
+    def flush_metrics(self) -> None:
+        """Write the summed metrics if a period has passed (the writer calls it whenever it wakes)."""
+        if self.metrics.due():
+            self.metrics.flush(self.r)
 
     def after_finish(self, done: list[Finished]) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -134,7 +141,7 @@ class FinishEffects:
                 text=run.text, usage=event.usage, finish_reason=event.finish_reason or "stop"
             )
             pipe.set(cache_key, result_cache.encode(record), ex=self.config.result_cache_ttl_s)
-        job_metrics.record_done(pipe, key, run, event)
+        job_metrics.record_done(self.metrics, key, run, event)  # summed, written once a second
 
 
 def _execute(pipe: Any) -> list[Any]:

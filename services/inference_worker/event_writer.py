@@ -39,7 +39,7 @@ from shared.schemas import JobEvent, JobStatus, StageTimings
 log = logging.getLogger(__name__)
 MAX_BATCH_EVENTS = 512
 STEP = object()  # queued after a step's events (``step_done``)
-STEP_WAIT_S = 0.005  # longest wait for a step's mark before writing what arrived
+STEP_WAIT_S = 0.05  # longest wait for a step's mark (events outside a step: an engine that runs no more)
 RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 T = TypeVar("T")
 
@@ -107,6 +107,15 @@ class EventWriter(threading.Thread):
             batch = self._drain()
             if batch:
                 self.write(batch)
+            self._flush_metrics()
+        self.effects.metrics.period_s = 0.0
+        self._flush_metrics()  # what is left, before the worker exits
+
+    def _flush_metrics(self) -> None:
+        try:
+            self.effects.flush_metrics()
+        except redis.RedisError as exc:  # kept for the next try; metrics never fail a job
+            log.warning("metrics write failed (%s); retrying later", exc)
 
     def _drain(self) -> list[tuple[JobRun, TokenEvent]]:
         """Whole engine steps: everything queued, then (if the last step is still being emitted)

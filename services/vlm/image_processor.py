@@ -66,7 +66,9 @@ class ImageProcessorHandle:
     # --- the split ---
     def resize(self, img: Image.Image) -> np.ndarray:
         """The processor's steps up to and including its resize: the picture it goes on with
-        (uint8, channels first). Raises ValueError if the processor never resizes."""
+        (uint8, channels first). ``img`` is RGB (``worker.imaging.decode_image``): it goes in as a
+        channels-first view of its bytes, sparing the processor's RGB conversion and its copies.
+        Raises ValueError if the processor never resizes."""
         capturing = copy.copy(self.processor)
         original = capturing.resize
 
@@ -74,8 +76,11 @@ class ImageProcessorHandle:
             raise _Resized(original(image, *args, **kwargs))
 
         capturing.resize = capture
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        pixels = np.asarray(img).transpose(2, 0, 1)
         try:
-            capturing(images=[img])
+            capturing(images=[pixels], do_convert_rgb=False, input_data_format="channels_first")
         except _Resized as done:
             return np.ascontiguousarray(done.array)
         raise ValueError("the image processor did not resize")

@@ -165,6 +165,8 @@ def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:
         harness.writer.write([(run, event)])
         time.sleep(0.01)
     harness.writer.write([(run, events[3])])
+    harness.writer.effects.metrics.period_s = 0.0  # histograms are written once a period: now
+    harness.writer.effects.flush_metrics()
     count = harness.r.hget(harness.keys.metrics_counters(), "inter_token_latency_seconds_count")
     assert int(count) == 2  # gaps between 3 token writes, whoever listens to the stream
 
