@@ -48,6 +48,7 @@ COPY shared shared
 COPY gateway gateway
 COPY worker worker
 COPY services services
+COPY examples examples
 COPY docker/healthcheck.py docker/secrets_init.py docker/with_secrets.sh docker/
 RUN python -m compileall -q shared gateway worker services docker \
  && mkdir -p /run/vlmq-secrets && chown vlmq /run/vlmq-secrets && chmod 700 /run/vlmq-secrets

@@ -83,6 +83,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
     for module in routers:
         app.include_router(module.router)
+    web.mount_files(app)
     return app
 
 

@@ -185,6 +185,9 @@ class GatewaySettings(CommonSettings):
     docs: bool | None = Field(
         None, description="Serve /docs and /openapi.json (default: in development only)"
     )
+    flower_url: str = Field(
+        "", description="Flower's address, linked from the web page's status view (empty: no link)"
+    )
 
     @model_validator(mode="after")
     def _production_needs_keys(self) -> Self:
@@ -222,6 +225,11 @@ class InferenceSettings(CommonSettings):
     image_cache_mb: int = Field(256, description="Image-embedding cache bound")
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
+    task_events: bool = Field(
+        False,
+        description="Send Celery task events for each job's inference stage, so Flower lists it beside "
+        "decode (make up, compose and k8s turn it on with Flower)",
+    )
     claim_idle_ms: int = Field(
         30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)"
     )

@@ -28,6 +28,7 @@ from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import JobStore
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
+from services.inference_worker.task_events import TaskEvents
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import metrics_hash, workers
 from shared.config import InferenceSettings
@@ -54,6 +55,7 @@ class InferenceWorker:
         self.keys = settings.keys
         self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
         self.worker_id = settings.worker_id or default_worker_id()
+        self.task_events = TaskEvents(settings, self.worker_id)  # Flower sees the inference stage
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
         self.interactive_reserve = max_batch  # slots batch-priority work never takes
@@ -67,6 +69,7 @@ class InferenceWorker:
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
+            on_end=lambda item: self.task_events.job_ended(item),
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         self.runs: dict[str, JobRun] = {}
@@ -82,6 +85,7 @@ class InferenceWorker:
         self.consumer.ensure_groups()
         self.consumer.prune_consumers()
         self.writer.start()
+        self.task_events.start()
         self.heartbeat()
         for entry in self.consumer.read(self.capacity, 0, own_pending=True):  # same name, restarted
             self.handle(entry)
@@ -166,6 +170,7 @@ class InferenceWorker:
         pipe = self.r.pipeline(transaction=False)
         workers.withdraw(pipe, self.keys, self.worker_id)
         pipe.execute()
+        self.task_events.stop()
         log.info("inference worker %s stopped (%d jobs released)", self.worker_id, len(leftover))
 
     # --- one stream entry ---
@@ -230,6 +235,7 @@ class InferenceWorker:
         with self._lock:
             self.runs[spec.job_id] = run
         self.engine.submit(request, lambda event, run=run: self.writer.put(run, event))
+        self.task_events.job_started(spec.job_id, attempt)
 
     def _images(self, record: JobRecord, pixels: bytes | None) -> dict[str, ImageInput]:
         """The job's images by digest, from the pixels its decode worker stored (or, while a previous
@@ -292,6 +298,7 @@ class InferenceWorker:
         pipe = self.r.pipeline(transaction=False)
         workers.publish(pipe, self.keys, beat, ttl_ms)
         pipe.execute()
+        self.task_events.heartbeat(beat["inflight"])
 
     def _finished(self, run: JobRun) -> None:
         """Writer thread: the job's terminal state is written and its entry acknowledged."""
