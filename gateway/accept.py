@@ -173,13 +173,11 @@ async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.Cac
 
 
 def _write_image(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
-    digest = job.spec.image_digest
-    if digest is None:
-        return
-    key, ttl = state.keys.image(digest), state.settings.image_ttl_s
-    if job.image is not None:
-        pipe.set(key, job.image.data, ex=ttl, nx=True)  # stored once per digest
-    pipe.expire(key, ttl)  # every new job keeps its image alive
+    ttl = state.settings.image_ttl_s
+    for image in job.images:
+        pipe.set(state.keys.image(image.info.digest), image.data, ex=ttl, nx=True)  # once per digest
+    for digest in job.spec.image_digests():
+        pipe.expire(state.keys.image(digest), ttl)  # every new job keeps its images alive
 
 
 def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
@@ -191,6 +189,9 @@ def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job
         pipe.delete(key)
         fields: dict[Any, Any] = job.conversation_fields
         pipe.hset(key, mapping=fields)
+    if job.conversation_updates is not None:
+        updates: dict[Any, Any] = job.conversation_updates
+        pipe.hset(key, mapping=updates)
     if job.conversation_fields is not None or job.touch_conversation:
         pipe.expire(key, state.settings.session_ttl_s)
 

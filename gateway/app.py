@@ -69,7 +69,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     larger = {"/v1/files": settings.max_batch_file_bytes + 64 * 1024}  # batch input files
-    app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes), larger=larger)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body=body_limit(settings.max_image_bytes, settings.max_images_per_request),
+        larger=larger,
+    )
     if settings.cors_origins:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
         app.add_middleware(

@@ -153,6 +153,13 @@ class GatewaySettings(CommonSettings):
         "anything is stored or tokenized",
     )
     max_turns: int = Field(64, description="Most messages in one OpenAI conversation; more: 413")
+    max_images_per_request: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="Most images one job may show (an OpenAI request's image parts; a stored conversation's "
+        "images, new ones included); more: 400",
+    )
     max_batch_file_bytes: int = Field(
         100 * 1024 * 1024, description="Largest OpenAI batch input file (JSONL, images as data URLs)"
     )

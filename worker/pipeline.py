@@ -32,6 +32,7 @@ from shared.jobs import (
     status_args,
     terminal_event,
 )
+from shared.jobs.routing import route_keys, stream_for
 from shared.keys import Keys
 from shared.schemas import ErrorCode, JobSpec, JobStatus
 from shared.tensors import pack_images
@@ -103,21 +104,10 @@ class DecodePipeline:
     # --- steps ---
     def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
         """Queue ``ROUTE_LUA``: the live worker holding the job's session KV or image features."""
-        keys = [
-            self.keys.session_owner(spec.affinity_key or ""),
-            self.keys.image_owner(spec.image_digest or ""),
-            self.keys.workers(),
-        ]
-        pipe_script(pipe, ROUTE_LUA, keys, [now - self.settings.worker_stale_s])
+        pipe_script(pipe, ROUTE_LUA, route_keys(self.keys, spec), [now - self.settings.worker_stale_s])
 
     def _stream_for(self, spec: JobSpec, owner: bytes | None) -> str:
-        """Batch work: the batch stream. Else the owner's own stream when routing is on and there
-        is one, else the shared stream."""
-        if spec.priority == "batch":
-            return self.keys.batch_stream()
-        if owner and self.settings.affinity_routing:
-            return self.keys.worker_stream(owner.decode())
-        return self.keys.inference_stream()
+        return stream_for(self.keys, spec, owner, self.settings.affinity_routing)
 
     def _stop_reason(self, job: JobRecord, cancelled: bool) -> DecodeOutcome | None:
         """Cancelled by the client or past its deadline: finish now, never decode."""
