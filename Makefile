@@ -4,14 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-compose lint bench bench-smoke bench-engine bench-service bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
+.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .  # the project itself: the `vlmq` command
 	touch $(STAMP)
 
 up: venv
@@ -24,6 +25,11 @@ test: venv
 test-chaos: venv
 	$(BIN)/python -m scripts.run_tests tests/chaos -m chaos -s
 
+# the web page in headless Chromium against the real stack (<= 5 min; needs Debian's chromium and
+# chromium-driver, which .ci/run installs); screenshots and axe reports under .artifacts/browser/
+test-browser: venv
+	$(BIN)/python -m scripts.run_tests tests/browser -m browser $(ARGS)
+
 # docker-compose.yml for real (needs Docker + Compose v2: ../shared/docker/setup.sh); not in `make test`
 test-compose: venv
 	$(BIN)/python -m scripts.run_tests tests_compose -v $(ARGS)
@@ -31,7 +37,7 @@ test-compose: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker
+	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker vlmq_cli
 	$(BIN)/lint-imports
 
 bench: bench-engine bench-service bench-scale bench-priority

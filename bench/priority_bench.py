@@ -62,23 +62,42 @@ async def submit(client: httpx.AsyncClient, tenant: str, request: BenchRequest) 
 
 
 async def wait_terminal(client: httpx.AsyncClient, tenant: str, job_id: str, poll_s: float = 0.01) -> str:
+    return str((await terminal_view(client, tenant, job_id, poll_s))["status"])
+
+
+async def terminal_view(client: httpx.AsyncClient, tenant: str, job_id: str, poll_s: float) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
     while True:
-        view = (await client.get(f"/v1/jobs/{job_id}", headers=headers)).json()
+        view: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}", headers=headers)).json()
         if view["status"] in TERMINAL:
-            return str(view["status"])
+            return view
         await asyncio.sleep(poll_s)
 
 
+STAGES = ("queue", "decode", "wait", "prefill", "generation", "ttft", "total")
+
+
 async def interactive(client: httpx.AsyncClient, requests: list[BenchRequest]) -> list[float]:
-    """End-to-end seconds of each ``web`` job, sent one after another."""
+    """End-to-end seconds of each ``web`` job, sent one after another (their server-side stage
+    timings are kept in STAGE_LOG for the report)."""
     latencies = []
     for request in requests:
         started = time.perf_counter()
-        status = await wait_terminal(client, "web", await submit(client, "web", request))
-        assert status == "done", status
+        view = await terminal_view(client, "web", await submit(client, "web", request), 0.01)
+        assert view["status"] == "done", view["status"]
         latencies.append(time.perf_counter() - started)
+        STAGE_LOG.append({k: v for k, v in (view.get("timings") or {}).items() if k in STAGES})
     return latencies
+
+
+STAGE_LOG: list[dict[str, float]] = []
+
+
+def stage_medians() -> dict[str, float | None]:
+    """Median of each stage over STAGE_LOG, which is then emptied (one phase's jobs)."""
+    medians = {k: pct([t[k] for t in STAGE_LOG if t.get(k) is not None], 50) for k in STAGES}
+    STAGE_LOG.clear()
+    return medians
 
 
 async def flood(
@@ -114,19 +133,23 @@ async def flooded(
         "flood_jobs": len(statuses),
         "flood_done": sum(s == "done" for s in statuses),
         "wall_s": time.perf_counter() - started,
+        "web_stage_medians_s": stage_medians(),
     }
 
 
 async def drive(stack: ServiceStack, web: list[BenchRequest], bulk: list[BenchRequest]) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=300) as client:
         await interactive(client, web[:3])  # warm-up
+        STAGE_LOG.clear()
         unloaded = await interactive(client, web)
+        unloaded_stages = stage_medians()
         batch = await flooded(client, "bulk", web, bulk)
         control = await flooded(client, "rival", web, bulk)
     base = pct(unloaded, 50)
     return {
         "unloaded_web_p50_s": base,
         "unloaded_web_p90_s": pct(unloaded, 90),
+        "unloaded_web_stage_medians_s": unloaded_stages,
         "under_batch_flood": {**batch, "ratio_to_unloaded": batch["web_p50_s"] / base},
         "under_interactive_flood": {**control, "ratio_to_unloaded": control["web_p50_s"] / base},
     }
@@ -151,12 +174,24 @@ def report(result: dict[str, Any]) -> str:
     rows.append(
         f"| none | {result['unloaded_web_p50_s']:.3f} | 1.00 | {result['unloaded_web_p90_s']:.3f} | – |"
     )
+    phases = [("none", result["unloaded_web_stage_medians_s"])]
     for name in ("under_batch_flood", "under_interactive_flood"):
         r = result[name]
         rows.append(
             f"| {r['flood_tenant']} ({name.split('_')[1]}) | {r['web_p50_s']:.3f} | "
             f"{r['ratio_to_unloaded']:.2f} | {r['web_p90_s']:.3f} | {r['flood_done']}/{r['flood_jobs']} |"
         )
+        phases.append((r["flood_tenant"], r["web_stage_medians_s"]))
+    rows += [
+        "",
+        "web jobs' median server-side stage times (s):",
+        "",
+        "| flood from | " + " | ".join(STAGES) + " |",
+    ]
+    rows.append("|---" * (len(STAGES) + 1) + "|")
+    for who, medians in phases:
+        cells = [f"{medians[k]:.3f}" if medians.get(k) is not None else "–" for k in STAGES]
+        rows.append(f"| {who} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

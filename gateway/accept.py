@@ -34,7 +34,7 @@ from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
 from gateway.quotas import charge
 from gateway.state import GatewayState
-from shared import conversations, result_cache
+from shared import conversations, log_context, result_cache, tracing
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
 from shared.jobs.routing import needs_decoding
 from shared.redis_clients import NotReplicated, ReplicatedPipeline
@@ -56,9 +56,11 @@ async def submit(state: GatewayState, sub: Submission, route: str | None = None)
     leaving nothing behind but the quota counts). ``route`` labels the metrics (default: the
     submission's source)."""
     route = route or sub.source
-    with state.metrics.submit_seconds.labels(route).time():
+    with state.metrics.submit_seconds.labels(route).time(), tracing.span("vlmq.submit", route=route) as span:
         job = await build_job(state, sub)
         spec = job.spec
+        log_context.bind(spec.job_id)  # this request's later log lines name the job
+        span.set_attribute("vlmq.job_id", spec.job_id)
         headers = await charge(state.redis, state.keys, sub.tenant, spec.job_id, spec.sampling.max_tokens)
         accepted = await accept_job(state, job, sub.use_result_cache)
     state.metrics.submitted.labels(route).inc()
@@ -171,13 +173,11 @@ async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.Cac
 
 
 def _write_image(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
-    digest = job.spec.image_digest
-    if digest is None:
-        return
-    key, ttl = state.keys.image(digest), state.settings.image_ttl_s
-    if job.image is not None:
-        pipe.set(key, job.image.data, ex=ttl, nx=True)  # stored once per digest
-    pipe.expire(key, ttl)  # every new job keeps its image alive
+    ttl = state.settings.image_ttl_s
+    for image in job.images:
+        pipe.set(state.keys.image(image.info.digest), image.data, ex=ttl, nx=True)  # once per digest
+    for digest in job.spec.image_digests():
+        pipe.expire(state.keys.image(digest), ttl)  # every new job keeps its images alive
 
 
 def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
@@ -189,6 +189,9 @@ def _write_conversation(pipe: aioredis.client.Pipeline, state: GatewayState, job
         pipe.delete(key)
         fields: dict[Any, Any] = job.conversation_fields
         pipe.hset(key, mapping=fields)
+    if job.conversation_updates is not None:
+        updates: dict[Any, Any] = job.conversation_updates
+        pipe.hset(key, mapping=updates)
     if job.conversation_fields is not None or job.touch_conversation:
         pipe.expire(key, state.settings.session_ttl_s)
 

@@ -33,14 +33,14 @@ from gateway.routes import (
 )
 from gateway.routes.health import render_metrics
 from gateway.state import GatewayState
+from gateway.tracing import TraceparentHeader
+from shared import log_context, tracing
 from shared.config import GatewaySettings, get_gateway_settings
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or get_gateway_settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    log_context.configure(settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,16 +69,23 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     larger = {"/v1/files": settings.max_batch_file_bytes + 64 * 1024}  # batch input files
-    app.add_middleware(BodyLimitMiddleware, max_body=body_limit(settings.max_image_bytes), larger=larger)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body=body_limit(settings.max_image_bytes, settings.max_images_per_request),
+        larger=larger,
+    )
     if settings.cors_origins:
         origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
         app.add_middleware(
             CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"], max_age=600
         )
     app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
+    if tracing.setup("gateway", settings.otlp_endpoint):
+        app.add_middleware(TraceparentHeader)  # FastAPI itself makes the request spans
     routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
     for module in routers:
         app.include_router(module.router)
+    web.mount_files(app)
     return app
 
 

@@ -40,6 +40,9 @@ return 0
 """
 
 
+PLACEHOLDER = "-"
+
+
 class LostLock(Exception):
     pass
 
@@ -82,6 +85,15 @@ class BatchDriver:
                 log.exception("batch driver tick failed")
             await asyncio.sleep(TICK_S)
 
+    async def _active_batches(self) -> list[bytes]:
+        """The active batch ids. The set keeps a placeholder member so that it always exists: an
+        idle tick then never reads a missing key (keyspace misses stay a sign of a bad lookup)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sadd(self.keys.active_batches(), PLACEHOLDER)
+        pipe.smembers(self.keys.active_batches())
+        members = (await pipe.execute())[1]
+        return [m for m in members if m != PLACEHOLDER.encode()]
+
     async def _hold_lock(self) -> bool:
         lock = self.keys.batch_driver_lock()
         if await self.redis.set(lock, self.me, nx=True, px=LOCK_MS):
@@ -89,7 +101,7 @@ class BatchDriver:
         return bool(await self.redis.eval(RENEW_LUA, 1, lock, self.me, LOCK_MS))
 
     async def tick(self) -> None:
-        for batch_id in await self.redis.smembers(self.keys.active_batches()):
+        for batch_id in await self._active_batches():
             if not await self._hold_lock():
                 raise LostLock
             batch = await self._load(as_str(batch_id))

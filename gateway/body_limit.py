@@ -11,9 +11,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import APIError, error_body
 
 
-def body_limit(max_image_bytes: int) -> int:
-    """Largest body: a base64 image (4/3 of the bytes) plus prompt and form overhead."""
-    return max_image_bytes * 4 // 3 + 256 * 1024
+def body_limit(max_image_bytes: int, max_images: int = 1) -> int:
+    """Largest body: ``max_images`` base64 images (4/3 of the bytes) plus prompt and form overhead."""
+    return max_images * max_image_bytes * 4 // 3 + 256 * 1024
 
 
 class BodyLimitMiddleware:

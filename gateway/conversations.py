@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.conversations import load_messages
+from shared.conversations import load_messages, turns_json
 from shared.keys import Keys
 from shared.schemas import ChatTurn
 from shared.values import as_str
@@ -25,10 +25,16 @@ from shared.values import as_str
 @dataclass
 class Conversation:
     conversation_id: str
-    image_digest: str | None
+    image_digest: str | None  # its first image (every turn names the images it shows)
     image_format: str | None
     messages: list[ChatTurn] = field(default_factory=list)
     updated_at: float = 0.0
+    images: list[str] = field(default_factory=list)  # those its first question showed
+
+    def shown(self) -> list[str]:
+        """Every image the conversation shows, each once, in order."""
+        seen = dict.fromkeys(d for turn in self.messages for d in turn.digests(self.image_digest))
+        return list(seen) or list(self.images)
 
     @property
     def system(self) -> str | None:
@@ -39,6 +45,7 @@ class Conversation:
             "id": self.conversation_id,
             "image_digest": self.image_digest,
             "image_format": self.image_format,
+            "images": self.shown(),
             "turns": [t.model_dump() for t in self.messages],
             "updated_at": self.updated_at,
         }
@@ -57,7 +64,19 @@ async def load_conversation(
         image_format=fields.get("image_format") or None,
         messages=parse_turns(fields.get("messages")),
         updated_at=float(fields.get("updated_at") or 0.0),
+        images=_first_images(fields),
     )
+
+
+def _first_images(fields: dict[str, str]) -> list[str]:
+    """The images of the first question (a previous release's conversation: its one image)."""
+    try:
+        images = json.loads(fields.get("images") or "[]")
+    except ValueError:
+        images = []
+    if isinstance(images, list) and images and all(isinstance(d, str) for d in images):
+        return images
+    return [fields["image_digest"]] if fields.get("image_digest") else []
 
 
 def parse_turns(raw: str | None) -> list[ChatTurn]:
@@ -68,14 +87,16 @@ def parse_turns(raw: str | None) -> list[ChatTurn]:
 
 
 def new_conversation_fields(
-    image_digest: str | None, image_format: str | None, system: str | None
+    image_digests: list[str], image_format: str | None, system: str | None
 ) -> dict[str, str]:
-    """A new conversation's hash: about one image, or (no digest) text only."""
+    """A new conversation's hash: about the first question's images (``image_format``: the first's),
+    or text only."""
     turns = [ChatTurn(role="system", text=system)] if system else []
     return {
-        "image_digest": image_digest or "",
+        "image_digest": image_digests[0] if image_digests else "",
         "image_format": image_format or "",
-        "messages": json.dumps([t.model_dump() for t in turns]),
+        "images": json.dumps(image_digests),
+        "messages": turns_json(turns),
         "updated_at": str(time.time()),
     }
 

@@ -9,7 +9,8 @@ needs from Redis (the stored conversation) is ``gateway.job_spec``'s part.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from starlette.datastructures import UploadFile
@@ -20,8 +21,9 @@ from gateway.image_checks import CheckedImage, read_image, read_upload
 from gateway.keyring import Priority, Tenant
 from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
 from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
+from gateway.response_format import parse_response_format
 from shared.config import GatewaySettings
-from shared.schemas import ChatTurn
+from shared.schemas import ChatTurn, ResponseFormat
 
 Source = Literal["jobs", "ws", "openai"]
 MAX_FORM_FIELDS = 32
@@ -50,7 +52,8 @@ class Submission:
     source: Source  # a metrics label; nothing behaves differently by it
     ask: NextTurn | WholeConversation
     options: GenerationOptions
-    image: CheckedImage | None = None
+    images: list[CheckedImage] = field(default_factory=list)  # new uploads, each once, in order
+    response_format: ResponseFormat | None = None  # None: free text
     timeout_s: float | None = None
     use_cache: bool = True
     cancel_on_disconnect: bool = False
@@ -67,31 +70,36 @@ async def from_http(request: Request, settings: GatewaySettings, no_cache: bool)
     """Multipart (file or base64 in ``image``) or JSON (``image`` as base64 / data URL)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in FORM_TYPES:
-        raw, image = await _read_form(request)
+        raw, images = await _read_form(request, settings.max_images_per_request)
     elif content_type in ("application/json", ""):
         raw = await _read_json(request)
-        image = _image_field(raw.pop("image", None))
+        images = _image_field(raw.pop("image", None))
     else:
         raise APIError(
             415,
             f"unsupported content type {content_type!r}; send a form (multipart with a file) or JSON",
             code="unsupported_content_type",
         )
-    return await _job_submission("jobs", raw, image, settings, use_result_cache=not no_cache)
+    return await _job_submission("jobs", raw, images, settings, use_result_cache=not no_cache)
 
 
-async def _read_form(request: Request) -> tuple[dict[str, Any], bytes | str | None]:
-    async with request.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:  # closes the spooled file
+async def _read_form(request: Request, max_images: int) -> tuple[dict[str, Any], list[bytes | str]]:
+    """Fields, and every ``image`` field (files or base64 text) in order. One file more than the
+    limit is read, so that the refusal says how many the limit is."""
+    async with request.form(max_files=max_images + 1, max_fields=MAX_FORM_FIELDS) as form:
         raw: dict[str, Any] = {}
-        image: bytes | str | None = None
+        images: list[bytes | str] = []
         for name in form:
             values = form.getlist(name)
-            if name == "image":
-                value = values[0]
-                image = await read_upload(value) if isinstance(value, UploadFile) else (str(value) or None)
-            else:
+            if name != "image":
                 _form_field(raw, name, values)
-    return raw, image
+                continue
+            for value in values:  # an empty file is refused as such; an empty text field is no image
+                if isinstance(value, UploadFile):
+                    images.append(await read_upload(value))
+                elif value:
+                    images.append(str(value))
+    return raw, images
 
 
 def _form_field(raw: dict[str, Any], name: str, values: list[Any]) -> None:
@@ -126,23 +134,53 @@ async def from_ws_message(message: dict[str, Any], settings: GatewaySettings) ->
     raw = {k: v for k, v in message.items() if k != "type"}
     raw.setdefault("cancel_on_disconnect", True)  # page closed: stop generating for nobody
     no_cache = raw.pop("no_cache", False) is True
-    image = _image_field(raw.pop("image", None))
-    return await _job_submission("ws", raw, image, settings, use_result_cache=not no_cache)
+    images = _image_field(raw.pop("image", None))
+    return await _job_submission("ws", raw, images, settings, use_result_cache=not no_cache)
 
 
-def _image_field(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise APIError(400, "image: expected a base64 string or a data: URL", param="image")
-    return value or None
+def _image_field(value: Any) -> list[bytes | str]:
+    """JSON ``image``: one base64 string or data URL, or a list of them (several images)."""
+    values = value if isinstance(value, list) else [value] if value is not None else []
+    if not all(isinstance(v, str) for v in values):
+        raise APIError(
+            400, "image: expected a base64 string or a data: URL, or a list of them", param="image"
+        )
+    return [v for v in values if v]
+
+
+async def read_images(
+    values: Sequence[bytes | str], settings: GatewaySettings, fields: list[str] | None = None
+) -> list[CheckedImage]:
+    """One checked image per value, in order (a value sent twice is read once); more than
+    ``max_images_per_request`` is a 400 before any is read."""
+    limit = settings.max_images_per_request
+    if len(values) > limit:
+        raise APIError(
+            400,
+            f"image: {len(values)} images exceed the limit of {limit} per request",
+            param="image",
+            code="too_many_images",
+        )
+    read: dict[bytes | str, CheckedImage] = {}
+    for i, value in enumerate(values):
+        if value not in read:
+            read[value] = await read_image(value, settings, fields[i] if fields else "image")
+    return [read[value] for value in values]
+
+
+def distinct(images: list[CheckedImage]) -> list[CheckedImage]:
+    """Each image once (by digest), in order of first appearance."""
+    return list({image.info.digest: image for image in images}.values())
 
 
 async def _job_submission(
     source: Source,
     raw: dict[str, Any],
-    image: bytes | str | None,
+    images: list[bytes | str],
     settings: GatewaySettings,
     use_result_cache: bool,
 ) -> Submission:
+    response_format = raw.pop("response_format", None)
     params = parse_params(raw, settings)
     return Submission(
         source=source,
@@ -150,7 +188,8 @@ async def _job_submission(
         options=GenerationOptions.model_validate(
             params.model_dump(include=set(GenerationOptions.model_fields))
         ),
-        image=await read_image(image, settings) if image is not None else None,
+        response_format=parse_response_format(response_format, params.stop, params.min_tokens),
+        images=distinct(await read_images(images, settings)),
         timeout_s=params.timeout_s,
         use_cache=params.use_cache,
         cancel_on_disconnect=params.cancel_on_disconnect,
@@ -163,7 +202,7 @@ async def _job_submission(
 async def from_openai(
     req: ChatCompletionRequest, settings: GatewaySettings, affinity_key: str | None, no_cache: bool
 ) -> Submission:
-    """The request's messages become the job's conversation (text only, or one image)."""
+    """The request's messages become the job's conversation (text only, or images in user turns)."""
     if req.model != settings.model_name:
         raise APIError(
             404,
@@ -187,12 +226,14 @@ async def from_openai(
     )
     check_max_tokens(options, settings)
     check_conversation_size(req.messages, settings)
-    turns, image = await _openai_turns(req.messages, settings)
+    response_format = parse_response_format(req.response_format, options.stop, options.min_tokens)
+    turns, images = await _openai_turns(req.messages, settings)
     return Submission(
         source="openai",
         ask=WholeConversation(turns, affinity_key or req.user),
         options=options,
-        image=image,
+        response_format=response_format,
+        images=images,
         cancel_on_disconnect=True,
         use_result_cache=not no_cache,
         priority=req.priority,
@@ -221,40 +262,45 @@ def check_conversation_size(messages: list[ChatMessage], settings: GatewaySettin
 
 async def _openai_turns(
     messages: list[ChatMessage], settings: GatewaySettings
-) -> tuple[list[ChatTurn], CheckedImage | None]:
-    """Messages -> ChatTurns; at most one (distinct) image, in a user turn (none: text only)."""
+) -> tuple[list[ChatTurn], list[CheckedImage]]:
+    """Messages -> ChatTurns, each naming the images it shows (its image parts, in order, before its
+    text); and the distinct images, each read and checked once."""
+    urls, fields, turn_parts = _image_parts(messages)
+    checked = await read_images(urls, settings, fields)  # the limit counts every image part
+    digest_of = {url: image.info.digest for url, image in zip(urls, checked, strict=True)}
     turns: list[ChatTurn] = []
-    image: CheckedImage | None = None
-    for i, message in enumerate(messages):
-        texts, has_image = [], False
-        for j, part in enumerate(parts(message)):
-            where = f"messages[{i}].content[{j}]"
-            if part.type in ("text", "input_text"):
-                texts.append(part.text or "")
-                continue
-            found = await _openai_image(
-                part_url=image_url(part), role=message.role, where=where, settings=settings
-            )
-            if image is not None and image.info.digest != found.info.digest:
-                raise APIError(400, f"{where}: only one image per conversation is supported", param=where)
-            has_image = has_image or image is None
-            image = image or found
+    for message, shown in zip(messages, turn_parts, strict=True):
+        texts = [p.text or "" for p in parts(message) if p.type in ("text", "input_text")]
         role = "system" if message.role == "developer" else message.role
-        turns.append(ChatTurn(role=role, text="\n".join(texts), image=has_image))
+        digests = [digest_of[url] for url in shown]
+        turns.append(ChatTurn(role=role, text="\n".join(texts), image=bool(digests), images=digests))
         _check_turn(turns[-1], settings)
     if turns[-1].role != "user":
         raise APIError(400, "messages: the last message must be from the user", param="messages")
-    return turns, image
+    return turns, distinct(checked)
 
 
-async def _openai_image(
-    part_url: str | None, role: str, where: str, settings: GatewaySettings
-) -> CheckedImage:
-    if role != "user":
-        raise APIError(400, f"{where}: images are only accepted in user messages", param=where)
-    if not part_url:
-        raise APIError(400, f"{where}: image_url.url is required", param=where)
-    return await read_image(part_url, settings, where)
+def _image_parts(messages: list[ChatMessage]) -> tuple[list[str], list[str], list[list[str]]]:
+    """(every image part's URL, its location, each message's URLs): checked before any is read."""
+    urls: list[str] = []
+    fields: list[str] = []
+    per_message: list[list[str]] = []
+    for i, message in enumerate(messages):
+        shown = []
+        for j, part in enumerate(parts(message)):
+            if part.type in ("text", "input_text"):
+                continue
+            where = f"messages[{i}].content[{j}]"
+            if message.role != "user":
+                raise APIError(400, f"{where}: images are only accepted in user messages", param=where)
+            url = image_url(part)
+            if not url:
+                raise APIError(400, f"{where}: image_url.url is required", param=where)
+            urls.append(url)
+            fields.append(where)
+            shown.append(url)
+        per_message.append(shown)
+    return urls, fields, per_message
 
 
 def _check_turn(turn: ChatTurn, settings: GatewaySettings) -> None:

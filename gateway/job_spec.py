@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.conversations import Conversation, load_conversation, new_conversation_fields
 from gateway.errors import APIError
@@ -21,7 +21,8 @@ from gateway.intake import NextTurn, Submission, WholeConversation
 from gateway.keyring import Priority
 from gateway.request_params import GenerationOptions
 from gateway.state import GatewayState
-from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+from shared import tracing
+from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 
 
 @dataclass
@@ -29,8 +30,9 @@ class PreparedJob:
     """A validated job, nothing written yet."""
 
     spec: JobSpec
-    image: CheckedImage | None = None  # a new upload to store (None: the conversation's image)
-    conversation_fields: dict[str, str] | None = None  # start (or restart) the conversation with these
+    images: list[CheckedImage] = field(default_factory=list)  # new uploads to store (once per digest)
+    conversation_fields: dict[str, str] | None = None  # start the conversation with these
+    conversation_updates: dict[str, str] | None = None  # fields of an existing conversation to set
     touch_conversation: bool = False  # refresh the TTL of an existing conversation
 
 
@@ -38,7 +40,9 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> SamplingSpec:
+def sampling_spec(
+    options: GenerationOptions, default_max_tokens: int, response_format: ResponseFormat | None = None
+) -> SamplingSpec:
     seed = options.seed
     if options.temperature > 0 and seed is None:
         # Assigned once at submission: a retried attempt regenerates the same tokens.
@@ -52,6 +56,7 @@ def sampling_spec(options: GenerationOptions, default_max_tokens: int) -> Sampli
         stop=options.stop,
         min_tokens=options.min_tokens,
         ignore_eos=options.ignore_eos,
+        response_format=response_format,
     )
 
 
@@ -63,25 +68,27 @@ async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
         created_at=now,
         deadline=now + min(sub.timeout_s or max_job_s, max_job_s),
         messages=[],
-        sampling=sampling_spec(sub.options, state.settings.default_max_tokens),
+        sampling=sampling_spec(sub.options, state.settings.default_max_tokens, sub.response_format),
         use_cache=sub.use_cache,
         cancel_on_disconnect=sub.cancel_on_disconnect,
         source=sub.source,
         tenant=sub.tenant.name if sub.tenant else None,
         priority=priority(sub),
+        traceparent=tracing.current_traceparent(),  # the submit span: the workers' spans join it
     )
     if isinstance(sub.ask, WholeConversation):
-        return _whole_conversation(spec, sub.ask, sub.image)
+        return _whole_conversation(spec, sub.ask, sub.images)
     conversation = None
     if sub.ask.conversation_id:
         conversation = await load_conversation(state.redis, state.keys, sub.ask.conversation_id, spec.tenant)
     spec.conversation_id = sub.ask.conversation_id or new_id()
     spec.affinity_key = affinity_key(spec.tenant, spec.conversation_id)
-    if sub.image is not None:
-        return _with_new_image(spec, sub.ask, conversation, sub.image)
     if conversation is None:
-        return _new_conversation(spec, sub.ask, None)
-    return await _continue_conversation(state, spec, sub.ask, conversation)
+        return _new_conversation(spec, sub.ask, sub.images)
+    job = _continue_conversation(spec, sub.ask, conversation, sub.images)
+    _check_image_count(spec, state.settings.max_images_per_request)
+    await _check_stored_images(state, spec, sub.images)
+    return job
 
 
 def priority(sub: Submission) -> Priority:
@@ -99,47 +106,37 @@ def affinity_key(tenant: str | None, key: str | None) -> str | None:
     return f"{tenant}/{key}"
 
 
-def _whole_conversation(spec: JobSpec, ask: WholeConversation, image: CheckedImage | None) -> PreparedJob:
+def _whole_conversation(spec: JobSpec, ask: WholeConversation, images: list[CheckedImage]) -> PreparedJob:
     spec.messages, spec.affinity_key = ask.turns, affinity_key(spec.tenant, ask.affinity_key)
-    if image is not None:
-        spec.image_digest, spec.image_format = image.info.digest, image.info.format
-    return PreparedJob(spec=spec, image=image)
+    if images:
+        spec.image_digest, spec.image_format = images[0].info.digest, images[0].info.format
+    return PreparedJob(spec=spec, images=images)
 
 
-async def _continue_conversation(
-    state: GatewayState, spec: JobSpec, ask: NextTurn, conversation: Conversation
+def _continue_conversation(
+    spec: JobSpec, ask: NextTurn, conversation: Conversation, uploads: list[CheckedImage]
 ) -> PreparedJob:
-    """No upload: the next question in the conversation, about its image if it has one."""
+    """The next question in the conversation, showing the images it adds (an image the conversation
+    already shows is not shown again)."""
     _check_system(ask, conversation)
-    if conversation.image_digest:
-        if not await state.redis.exists(state.keys.image(conversation.image_digest)):
-            raise APIError(
-                400,
-                "image: the session's image has expired; send it again",
-                param="image",
-                code="image_expired",
-            )
-        spec.image_digest, spec.image_format = conversation.image_digest, conversation.image_format
-    spec.messages = [*conversation.messages, _question(ask, conversation)]
-    return PreparedJob(spec=spec, touch_conversation=True)
+    legacy = conversation.image_digest
+    history = [d for turn in conversation.messages for d in turn.digests(legacy)]
+    carried = [] if history else conversation.images  # the first turn's, if not recorded yet
+    new = [i.info.digest for i in uploads if i.info.digest not in history and i.info.digest not in carried]
+    question = ChatTurn(role="user", text=ask.prompt, image=bool(carried + new), images=carried + new)
+    spec.messages = [*conversation.messages, question]
+    updates = None
+    if legacy:
+        spec.image_digest, spec.image_format = legacy, conversation.image_format
+    elif uploads:  # a text-only conversation's first image: the conversation's first from now on
+        spec.image_digest, spec.image_format = uploads[0].info.digest, uploads[0].info.format
+        updates = {"image_digest": spec.image_digest, "image_format": spec.image_format}
+    return PreparedJob(spec=spec, images=uploads, conversation_updates=updates, touch_conversation=True)
 
 
-def _with_new_image(
-    spec: JobSpec, ask: NextTurn, conversation: Conversation | None, image: CheckedImage
-) -> PreparedJob:
-    spec.image_digest, spec.image_format = image.info.digest, image.info.format
-    if conversation is not None and conversation.image_digest == image.info.digest:
-        # Same image again in its conversation: carry on with it.
-        _check_system(ask, conversation)
-        spec.messages = [*conversation.messages, _question(ask, conversation)]
-        return PreparedJob(spec=spec, image=image, touch_conversation=True)
-    # A new conversation, or a new image in one: the conversation starts over about it.
-    return _new_conversation(spec, ask, image)
-
-
-def _new_conversation(spec: JobSpec, ask: NextTurn, image: CheckedImage | None) -> PreparedJob:
-    """The first question of a conversation: about ``image``, or text only."""
-    if image is None and ask.conversation_id:
+def _new_conversation(spec: JobSpec, ask: NextTurn, images: list[CheckedImage]) -> PreparedJob:
+    """The first question of a conversation: about ``images``, or text only."""
+    if not images and ask.conversation_id:
         raise APIError(
             404,
             f"session {ask.conversation_id!r} not found or expired; omit session_id to start a new "
@@ -148,16 +145,43 @@ def _new_conversation(spec: JobSpec, ask: NextTurn, image: CheckedImage | None) 
             code="session_not_found",
         )
     system = [ChatTurn(role="system", text=ask.system)] if ask.system else []
-    spec.messages = [*system, ChatTurn(role="user", text=ask.prompt, image=image is not None)]
-    digest, image_format = (image.info.digest, image.info.format) if image else (None, None)
-    fields = new_conversation_fields(digest, image_format, ask.system)
-    return PreparedJob(spec=spec, image=image, conversation_fields=fields)
+    digests = [i.info.digest for i in images]
+    spec.messages = [*system, ChatTurn(role="user", text=ask.prompt, image=bool(digests), images=digests)]
+    if images:
+        spec.image_digest, spec.image_format = images[0].info.digest, images[0].info.format
+    fields = new_conversation_fields(digests, spec.image_format, ask.system)
+    return PreparedJob(spec=spec, images=images, conversation_fields=fields)
 
 
-def _question(ask: NextTurn, conversation: Conversation) -> ChatTurn:
-    """The new user turn; it carries the conversation's image when no earlier turn does."""
-    carries = bool(conversation.image_digest) and not any(t.image for t in conversation.messages)
-    return ChatTurn(role="user", text=ask.prompt, image=carries)
+def _check_image_count(spec: JobSpec, limit: int) -> None:
+    shown = sum(len(turn.digests(spec.image_digest)) for turn in spec.messages)
+    if shown > limit:
+        raise APIError(
+            400,
+            f"image: this turn would make the conversation show {shown} images, over the limit of "
+            f"{limit} per request; start a new session",
+            param="image",
+            code="too_many_images",
+        )
+
+
+async def _check_stored_images(state: GatewayState, spec: JobSpec, uploads: list[CheckedImage]) -> None:
+    """The conversation's earlier images must still be stored (their bytes are decoded again)."""
+    sent = {i.info.digest for i in uploads}
+    stored = [d for d in spec.image_digests() if d not in sent]
+    if not stored:
+        return
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for digest in stored:
+            pipe.exists(state.keys.image(digest))
+        found = await pipe.execute()
+    if not all(found):
+        raise APIError(
+            400,
+            "image: an image of the session has expired; send it again (or start a new session)",
+            param="image",
+            code="image_expired",
+        )
 
 
 def _check_system(ask: NextTurn, conversation: Conversation) -> None:

@@ -32,6 +32,13 @@ ENGINE_COUNTERS = {  # CounterMetricFamily adds the _total
     "submitted": ("vlmq_engine_requests_submitted", "Requests the engine accepted"),
     "rejected": ("vlmq_engine_requests_rejected", "Requests the engine refused before running them"),
     "errors": ("vlmq_engine_errors", "Engine steps that raised"),
+    "forward_cpu_s": ("vlmq_engine_forward_cpu_seconds", "Engine-thread CPU inside prefill and decode"),
+    "step_cpu_s": ("vlmq_engine_step_cpu_seconds", "Engine-thread CPU of whole steps"),
+}
+# EngineStats {size: steps} field -> (histogram, help)
+BATCH_HISTOGRAMS = {
+    "batch_sizes": ("vlmq_engine_batch_size", "Sequences in the batch, per decode step"),
+    "prefill_sizes": ("vlmq_engine_prefill_batch_size", "Sequences prefilled together, per prefill step"),
 }
 CACHE_COUNTERS = {  # CacheStats field(s) -> family
     "hits": ("vlmq_cache_hits", "Engine cache lookups that hit"),
@@ -43,7 +50,7 @@ CACHE_GAUGES = {
     "bytes": ("vlmq_cache_bytes", "Bytes held per engine cache"),
     "capacity_bytes": ("vlmq_cache_capacity_bytes", "Byte budget per engine cache"),
 }
-MAPPED_ELSEWHERE = {"healthy", "batch_sizes", "finished", "caches"}
+MAPPED_ELSEWHERE = {"healthy", "finished", "caches", *BATCH_HISTOGRAMS}
 
 
 def worker_families(beats: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -55,7 +62,8 @@ def worker_families(beats: list[dict[str, Any]]) -> Iterator[Metric]:
     yield from _engine(beats)
     yield from _caches(beats)
     yield _finished(beats)
-    yield batch_size_histogram(beats)
+    for stat, (name, doc) in BATCH_HISTOGRAMS.items():
+        yield size_histogram(beats, stat, name, doc)
 
 
 def _worker_state(beats: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -121,15 +129,13 @@ def _finished(beats: list[dict[str, Any]]) -> Metric:
     return family
 
 
-def batch_size_histogram(beats: list[dict[str, Any]]) -> Metric:
-    """Engine ``batch_sizes`` ({size: decode steps}) -> the running batch size per decode step,
-    in fixed buckets (exact: sizes are whole numbers)."""
-    family = HistogramMetricFamily(
-        "vlmq_engine_batch_size", "Sequences in the batch, per decode step", labels=["worker"]
-    )
+def size_histogram(beats: list[dict[str, Any]], stat: str, name: str, doc: str) -> Metric:
+    """An engine ``{size: steps}`` count -> a histogram of the size per step, in fixed buckets
+    (exact: sizes are whole numbers)."""
+    family = HistogramMetricFamily(name, doc, labels=["worker"])
     for beat in beats:
         try:
-            steps = [(int(k), _number(v)) for k, v in (_stats(beat).get("batch_sizes") or {}).items()]
+            steps = [(int(k), _number(v)) for k, v in (_stats(beat).get(stat) or {}).items()]
         except (TypeError, ValueError, AttributeError):
             steps = []
         buckets = [(str(float(b)), sum(n for size, n in steps if size <= b)) for b in BATCH_BUCKETS]

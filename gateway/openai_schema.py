@@ -64,6 +64,7 @@ class ChatCompletionRequest(BaseModel):
     priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
     min_tokens: int = Field(0, ge=0)  # vLLM's extra sampling parameters
     ignore_eos: bool = False
+    response_format: dict[str, Any] | None = None  # checked by gateway.response_format
 
 
 def usage_json(record_usage: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import APIError, validation_message
+from shared import log_context
 from shared.config import GatewaySettings
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # conversation ids and affinity keys
@@ -105,6 +106,7 @@ def check_job_id(job_id: str) -> str:
             param="id",
             code="job_not_found",
         )
+    log_context.bind(job_id)  # the request's later log lines name the job
     return job_id
 
 

@@ -18,6 +18,14 @@ def inference_command() -> list[str]:
     return [PY, "-m", "services.inference_worker"]
 
 
+def flower_command(port: int, user: str, password: str) -> list[str]:
+    """Flower on the loopback, behind basic auth (its API too: never open)."""
+    return [
+        PY, "-m", "celery", "-A", "worker.celery_app", "flower",
+        f"--port={port}", "--address=127.0.0.1", f"--basic-auth={user}:{password}",
+    ]  # fmt: skip
+
+
 def decode_command(
     concurrency: int | str, log_level: str, node: str, *extra: str, events: bool = True
 ) -> list[str]:

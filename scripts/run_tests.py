@@ -32,7 +32,7 @@ def test_env() -> dict[str, str]:
     return env
 
 
-SEPARATE_SUITES = "not chaos"  # suites with their own make target (make test-chaos, ...)
+SEPARATE_SUITES = "not chaos and not browser"  # suites with their own make target (make test-chaos, ...)
 
 
 def main(argv: list[str]) -> int:

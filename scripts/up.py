@@ -30,7 +30,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scripts import local_secrets
-from scripts.commands import decode_command, gateway_command, inference_command
+from scripts.commands import decode_command, flower_command, gateway_command, inference_command
 from scripts.local_secrets import LocalSecrets
 from scripts.redis_launcher import RedisServer, reachable, start_redis
 from scripts.supervisor import Child, Supervisor
@@ -107,9 +107,7 @@ def model_path(configured: str) -> str:
 def commands(
     gw: GatewaySettings, dec: DecodeWorkerSettings, up: UpSettings, made: LocalSecrets
 ) -> dict[str, list[str]]:
-    flower = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower"]
-    flower += [f"--port={up.flower_port}", "--address=127.0.0.1"]
-    flower.append(f"--basic-auth={made.flower_user}:{made.flower_password}")  # its API too: never open
+    flower = flower_command(up.flower_port, made.flower_user, made.flower_password)
 
     def decode(name: str) -> list[str]:
         return decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h")
@@ -174,6 +172,8 @@ def main() -> int:
     gw, dec = get_gateway_settings(), get_decode_worker_settings()
     print_redis(redis_url, embedded, gw)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("VLMQ_FLOWER_URL", f"http://127.0.0.1:{up.flower_port}/")  # linked by the status view
+    env.setdefault("VLMQ_TASK_EVENTS", "true")  # Flower runs here: it shows the inference stage too
     sup = Supervisor(env, ROOT, run_dir / "logs", on_restart=count_restart(redis_url, gw.keys, gw.sentinel))
     stopping: list[int] = []
 

@@ -70,6 +70,11 @@ class CommonSettings(BaseSettings):
     default_max_tokens: int = Field(64, description="max_tokens when a request does not say")
     max_tokens_limit: int = Field(512, description="Largest accepted max_tokens")
     log_level: str = Field("INFO", description="Python log level of every process")
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OpenTelemetry collector's OTLP/HTTP base URL (e.g. http://collector:4318): every "
+        "process exports its spans to <url>/v1/traces; unset: no tracing",
+    )
     quantize: str = Field(
         "none", description="none|bf16|int8|int4, applied at load time (part of the result-cache key)"
     )
@@ -148,6 +153,13 @@ class GatewaySettings(CommonSettings):
         "anything is stored or tokenized",
     )
     max_turns: int = Field(64, description="Most messages in one OpenAI conversation; more: 413")
+    max_images_per_request: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="Most images one job may show (an OpenAI request's image parts; a stored conversation's "
+        "images, new ones included); more: 400",
+    )
     max_batch_file_bytes: int = Field(
         100 * 1024 * 1024, description="Largest OpenAI batch input file (JSONL, images as data URLs)"
     )
@@ -177,6 +189,9 @@ class GatewaySettings(CommonSettings):
     )
     docs: bool | None = Field(
         None, description="Serve /docs and /openapi.json (default: in development only)"
+    )
+    flower_url: str = Field(
+        "", description="Flower's address, linked from the web page's status view (empty: no link)"
     )
 
     @model_validator(mode="after")
@@ -215,6 +230,11 @@ class InferenceSettings(CommonSettings):
     image_cache_mb: int = Field(256, description="Image-embedding cache bound")
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
+    task_events: bool = Field(
+        False,
+        description="Send Celery task events for each job's inference stage, so Flower lists it beside "
+        "decode (make up, compose and k8s turn it on with Flower)",
+    )
     claim_idle_ms: int = Field(
         30_000, description="Idle time after which a pending entry is claimed (XAUTOCLAIM)"
     )

@@ -38,7 +38,8 @@ return 1
 
 
 def turns_json(turns: list[ChatTurn]) -> str:
-    return json.dumps([t.model_dump(mode="json") for t in turns])
+    """Turns as stored; a turn without images is written as the previous release wrote it."""
+    return json.dumps([t.model_dump(mode="json", exclude_defaults=True) for t in turns])
 
 
 def record_turn(

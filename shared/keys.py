@@ -154,6 +154,10 @@ class Keys:
         """Sorted set of inference worker ids scored by their last heartbeat (readers never SCAN)."""
         return f"{self.prefix}:workers"
 
+    def recent_jobs(self) -> str:
+        """List (capped): latencies of the latest finished jobs, newest first (``shared.recent_jobs``)."""
+        return f"{self.prefix}:recent"
+
     def metrics_counters(self) -> str:
         """Hash of counters published by workers (jobs by outcome, stage time sums...)."""
         return f"{self.prefix}:metrics"

@@ -61,18 +61,19 @@ def request_hash(
 ) -> str:
     """sha256 over everything that determines a greedy answer (canonical JSON).
 
-    Greedy decoding ignores seed, top_p and top_k: they are left out of the key; ``min_tokens`` and
-    ``ignore_eos`` only when set (keys of earlier releases stay valid).
+    Greedy decoding ignores seed, top_p and top_k: they are left out of the key; ``min_tokens``,
+    ``ignore_eos`` and ``response_format`` only when set (keys of earlier releases stay valid).
     """
     knobs = sampling.model_dump(mode="json", exclude={"seed", "top_p", "top_k"})
-    for name, default in (("min_tokens", 0), ("ignore_eos", False)):
+    for name, default in (("min_tokens", 0), ("ignore_eos", False), ("response_format", None)):
         if knobs[name] == default:
             del knobs[name]
     payload = {
         "tenant": tenant,
         "model": model_id,
         "image": image_digest,
-        "messages": [m.model_dump(mode="json") for m in messages],
+        # a turn without images hashes as before multi-image turns existed
+        "messages": [m.model_dump(mode="json", exclude=None if m.images else {"images"}) for m in messages],
         "sampling": knobs,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

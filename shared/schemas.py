@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, computed_field, model_validator
+from pydantic import BaseModel, Field, computed_field, field_validator, model_validator
 
 
 class JobStatus(enum.StrEnum):
@@ -31,6 +31,15 @@ class JobStatus(enum.StrEnum):
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
 
 
+class ResponseFormat(BaseModel):
+    """Structured output: any JSON object, or JSON valid against ``json_schema`` (checked by the
+    gateway, as canonical JSON text). None on a ``SamplingSpec``: free text."""
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: str | None = None
+    name: str | None = None
+
+
 class SamplingSpec(BaseModel):
     max_tokens: int = 64
     temperature: float = 0.0
@@ -40,6 +49,7 @@ class SamplingSpec(BaseModel):
     stop: list[str] = Field(default_factory=list)
     min_tokens: int = 0  # no EOS and no stop string before this many tokens (vLLM's min_tokens)
     ignore_eos: bool = False  # generate past EOS until max_tokens or a stop string (vLLM's ignore_eos)
+    response_format: ResponseFormat | None = None
 
     @property
     def greedy(self) -> bool:
@@ -47,11 +57,26 @@ class SamplingSpec(BaseModel):
 
 
 class ChatTurn(BaseModel):
-    """One message of a conversation; ``image`` marks the turn that carries the conversation's image."""
+    """One message of a conversation: ``images`` are the digests of the images it shows (in order,
+    before its text), ``image`` whether it shows any. A turn of the previous release has ``image``
+    and no ``images``: it shows its job's ``image_digest``."""
 
     role: Literal["system", "user", "assistant"]
     text: str
     image: bool = False
+    images: list[str] = Field(default_factory=list)
+
+    @field_validator("images", mode="before")
+    @classmethod
+    def _lua_empty_list(cls, value: Any) -> Any:
+        """Redis' cjson writes an empty list back as ``{}`` (APPEND_TURN_LUA re-encodes the turns)."""
+        return [] if value == {} else value
+
+    def digests(self, legacy: str | None) -> list[str]:
+        """The images this turn shows (``legacy``: the job's one image, for a previous-release turn)."""
+        if self.images:
+            return self.images
+        return [legacy] if self.image and legacy else []
 
 
 SCHEMA_VERSION = 2  # of every record and message vlmq writes (rolling upgrades read the previous one)
@@ -71,7 +96,7 @@ class JobSpec(BaseModel):
     job_id: str
     created_at: float
     deadline: float | None = None
-    image_digest: str | None = None
+    image_digest: str | None = None  # the conversation's first image (its turns name every one)
     image_format: str | None = None
     messages: list[ChatTurn]
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
@@ -82,6 +107,14 @@ class JobSpec(BaseModel):
     source: Literal["jobs", "ws", "openai"] = "jobs"  # the route it came by (a metrics label)
     tenant: str | None = None  # who submitted it (None: an open gateway); nobody else sees it
     priority: Literal["interactive", "batch"] = "interactive"  # interactive goes first, batch ages in
+    traceparent: str | None = None  # W3C context of the gateway's span (shared.tracing); None: untraced
+
+    def image_digests(self) -> list[str]:
+        """Every image the conversation shows, each once, in order of first appearance."""
+        seen: dict[str, None] = {}
+        for turn in self.messages:
+            seen.update(dict.fromkeys(turn.digests(self.image_digest)))
+        return list(seen)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -16,6 +16,8 @@ import torch
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_TENSORS = 16
 MAX_ELEMENTS = 16 * 1024 * 1024
+MAX_IMAGES = 16  # in one job's payload (the gateway's VLMQ_MAX_IMAGES_PER_REQUEST is lower)
+MAX_DIMS = 8
 _WIRE_DTYPES = {"float32", "float16", "bfloat16", "int64", "int32", "uint8"}
 
 
@@ -49,18 +51,41 @@ def pack_image(processor_id: str, tensors: dict[str, torch.Tensor]) -> bytes:
 
 def unpack_image(payload: bytes) -> tuple[str, dict[str, torch.Tensor]]:
     """(processor id, tensors) of ``pack_image``'s payload; TensorCodecError when malformed."""
+    made_by, images = unpack_images(payload)
+    if len(images) != 1:
+        raise TensorCodecError(f"image payload holds {len(images)} images, not one")
+    return made_by, images[0]
+
+
+def pack_images(processor_id: str, images: list[dict[str, torch.Tensor]]) -> bytes:
+    """A job's images (each once, in order of first appearance) for the wire; one image is written
+    as ``pack_image`` writes it (what the previous release reads)."""
+    if len(images) == 1:
+        return pack_image(processor_id, images[0])
+    entries = [{name: _pack_one(t, "float16") for name, t in tensors.items()} for tensors in images]
+    return msgpack.packb({"processor": processor_id, "images": entries}, use_bin_type=True)
+
+
+def unpack_images(payload: bytes) -> tuple[str, list[dict[str, torch.Tensor]]]:
+    """(processor id, each image's tensors) of ``pack_images`` or ``pack_image``."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise TensorCodecError(f"image payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
     try:
-        raw = msgpack.unpackb(payload, raw=False, max_bin_len=MAX_PAYLOAD_BYTES, max_map_len=MAX_TENSORS)
+        raw = msgpack.unpackb(
+            payload,
+            raw=False,
+            max_bin_len=MAX_PAYLOAD_BYTES,
+            max_map_len=MAX_TENSORS,
+            max_array_len=max(MAX_IMAGES, MAX_DIMS),
+        )
     except Exception as exc:  # msgpack raises several unrelated types
         raise TensorCodecError(f"malformed image payload: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("processor"), str):
         raise TensorCodecError("image payload lacks its processor id")
-    entries = raw.get("tensors")
-    if not isinstance(entries, dict):
+    entries = raw.get("images", [raw.get("tensors")])
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise TensorCodecError("image payload lacks its tensors")
-    return raw["processor"], {str(name): _unpack_one(entry) for name, entry in entries.items()}
+    return raw["processor"], [{str(n): _unpack_one(e) for n, e in entry.items()} for entry in entries]
 
 
 def _pack_one(tensor: torch.Tensor, wire_dtype: str) -> dict[str, Any]:

@@ -6,8 +6,12 @@ adds the task module, imported by worker processes only (Pillow + image processo
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
 
+from celery import Celery
+from celery.signals import after_setup_logger
+
+from shared import log_context
 from shared.config import DecodeWorkerSettings, get_decode_worker_settings
 from shared.decode_task import make_celery_app
 
@@ -20,3 +24,10 @@ def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
 
 
 app = make_app()
+LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] job=%(job_id)s %(message)s"
+
+
+@after_setup_logger.connect
+def _job_ids_in_logs(**_: Any) -> None:
+    """Celery's worker log lines name the job too (``decode`` binds it for the task's run)."""
+    log_context.install_on_root(LOG_FORMAT)

@@ -32,9 +32,10 @@ from shared.jobs import (
     status_args,
     terminal_event,
 )
+from shared.jobs.routing import route_keys, stream_for
 from shared.keys import Keys
 from shared.schemas import ErrorCode, JobSpec, JobStatus
-from shared.tensors import pack_image
+from shared.tensors import pack_images
 from worker.imaging import ImageRejected, decode_image
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class DecodePipeline:
         if stop := self._stop_reason(job, bool(cancelled)):
             return stop
         started = time.time()
-        digest = job.spec.image_digest
+        digests = job.spec.image_digests()  # each image once, however many turns show it
         pipe = self.r.pipeline(transaction=False)
         pipe.hincrby(key, "decode_attempts", 1)
         pipe.hset(key, "decode_started_at", str(started))
@@ -81,42 +82,32 @@ class DecodePipeline:
             pipe, SET_STATUS_LUA, self._job_keys(job_id), status_args(JobStatus.DECODING, started, self._ttl)
         )
         self._route(pipe, job.spec, started)
-        if digest is not None:  # the bytes, their TTL renewed: a later turn may decode them again
+        for digest in digests:  # the bytes, their TTL renewed: a later turn may decode them again
             pipe.getex(self.keys.image(digest), ex=self.settings.image_ttl_s)
         replies = pipe.execute()
         attempts, owner = int(replies[0]), replies[3]
         if attempts > self.settings.max_decode_attempts:
             return self._dead_letter(job_id, attempts - 1)
         packed = None
-        if digest is not None:
-            if replies[4] is None:
+        if digests:
+            if any(data is None for data in replies[4:]):
                 reason = "image bytes expired before decoding; submit the image again"
                 return self.fail(job_id, reason, ErrorCode.IMAGE_EXPIRED)
             try:
-                packed = pack_image(self.processor.processor_id, self.decode_bytes(bytes(replies[4])))
+                images = [self.decode_bytes(bytes(data)) for data in replies[4:]]
             except ImageRejected as exc:
                 return self.fail(job_id, str(exc), exc.code)
+            packed = pack_images(self.processor.processor_id, images)
         decode_s = time.time() - started
         return self._hand_over(job_id, decode_s, packed, self._stream_for(job.spec, owner))
 
     # --- steps ---
     def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
         """Queue ``ROUTE_LUA``: the live worker holding the job's session KV or image features."""
-        keys = [
-            self.keys.session_owner(spec.affinity_key or ""),
-            self.keys.image_owner(spec.image_digest or ""),
-            self.keys.workers(),
-        ]
-        pipe_script(pipe, ROUTE_LUA, keys, [now - self.settings.worker_stale_s])
+        pipe_script(pipe, ROUTE_LUA, route_keys(self.keys, spec), [now - self.settings.worker_stale_s])
 
     def _stream_for(self, spec: JobSpec, owner: bytes | None) -> str:
-        """Batch work: the batch stream. Else the owner's own stream when routing is on and there
-        is one, else the shared stream."""
-        if spec.priority == "batch":
-            return self.keys.batch_stream()
-        if owner and self.settings.affinity_routing:
-            return self.keys.worker_stream(owner.decode())
-        return self.keys.inference_stream()
+        return stream_for(self.keys, spec, owner, self.settings.affinity_routing)
 
     def _stop_reason(self, job: JobRecord, cancelled: bool) -> DecodeOutcome | None:
         """Cancelled by the client or past its deadline: finish now, never decode."""

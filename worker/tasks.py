@@ -7,17 +7,21 @@ pool child, after fork, so no torch thread pool crosses a fork).
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
+from typing import Any
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from services.vlm.image_processor import ImageProcessorHandle
+from shared import log_context, tracing
 from shared.config import get_decode_worker_settings
 from shared.decode_task import DECODE_TASK
 from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
+from worker import decode_spans
 from worker.celery_app import app
 from worker.imaging import configure_pillow
 from worker.pipeline import DecodeOutcome, DecodePipeline
@@ -42,6 +46,7 @@ def pipeline() -> DecodePipeline:
 
 @worker_process_init.connect
 def _warm_up(**_: object) -> None:
+    tracing.setup("decode", get_decode_worker_settings().otlp_endpoint)  # per pool process: after fork
     handle = pipeline().processor
     log.info("decode process ready (image processor %s)", handle.processor_id)  # tests wait for this
 
@@ -49,20 +54,28 @@ def _warm_up(**_: object) -> None:
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
 def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
     """Decode the job's image into the model's pixel tensor and hand the job to inference."""
+    started = time.time()
+    with log_context.job(job_id):
+        outcome = _decode(self, job_id)
+    decode_spans.record(pipeline().r, pipeline().keys, job_id, started, outcome.status, outcome.detail)
+    return outcome.status
+
+
+def _decode(task: Any, job_id: str) -> DecodeOutcome:
     try:
         outcome = pipeline().run(job_id)
     except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
         outcome = pipeline().fail(job_id, "image decoding took too long", ErrorCode.BAD_IMAGE)
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact
-        if self.request.retries >= REDIS_RETRIES:
+        if task.request.retries >= REDIS_RETRIES:
             outcome = _fail_quietly(job_id, f"job store unreachable while decoding: {exc}")
         else:
-            raise self.retry(exc=exc, countdown=min(2**self.request.retries, 10)) from exc
+            raise task.retry(exc=exc, countdown=min(2**task.request.retries, 10)) from exc
     except Exception as exc:  # a bug or an unforeseen library error: the job must still end
         log.exception("job %s: unexpected error while decoding", job_id)
         outcome = _fail_quietly(job_id, f"internal error while decoding: {type(exc).__name__}: {exc}")
     log.info("job %s: %s %s (%.1f ms)", job_id, outcome.status, outcome.detail, outcome.decode_s * 1000)
-    return outcome.status
+    return outcome
 
 
 def _fail_quietly(job_id: str, reason: str) -> DecodeOutcome:

@@ -1,4 +1,5 @@
-"""``WS /v1/chat/ws``: submit and stream in one connection (the web page's channel).
+"""``WS /v1/chat/ws``: submit and stream in one connection, turn after turn (the web page uses
+``POST /v1/jobs`` and ``/v1/jobs/{id}/stream`` instead, for HTTP's status codes on uploads).
 
 Client -> server: a job as JSON (``prompt``, ``image`` as a data URL or omitted within a
 session, ``session_id``, sampling params, ``no_cache: true`` to bypass the result cache),

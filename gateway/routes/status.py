@@ -1,5 +1,6 @@
-"""``GET /v1/status``: queues, inference workers and their caches, as JSON (for people, the CLI and
-load balancers; ``/metrics`` has the same figures for Prometheus)."""
+"""``GET /v1/status``: queues, inference workers and their caches, the latency of the latest jobs
+(``shared.recent_jobs``) and where Flower is, as JSON (for the web page's status view, the CLI and
+load balancers; ``/metrics`` has the cumulative figures for Prometheus)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gateway.auth import TenantDep
 from gateway.deps import StateDep
 from gateway.metrics_redis import read_heartbeats
 from gateway.queues import read_queues
+from shared import recent_jobs
 
 router = APIRouter(tags=["operations"])
 
@@ -20,8 +22,10 @@ router = APIRouter(tags=["operations"])
 async def status(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
     queues = await read_queues(state.redis, state.keys)
     beats = await read_heartbeats(state.redis, state.keys, state.settings.worker_stale_s)
+    recent = await state.redis.lrange(state.keys.recent_jobs(), 0, recent_jobs.KEEP - 1)  # type: ignore[misc]
     return {
         "object": "status",
+        "model": state.settings.model_name,
         "queues": {
             "decode": queues.decode,
             "inference": {
@@ -32,6 +36,8 @@ async def status(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
         },
         "workers": [worker_view(beat) for beat in sorted(beats, key=lambda b: str(b.get("worker_id")))],
         "caches": cache_totals(beats),
+        "recent": recent_jobs.summary(recent),
+        "flower_url": state.settings.flower_url or None,
     }
 
 

@@ -27,6 +27,15 @@ class RequestRejected(ValueError):
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """Constrain the output to JSON: any object (``json_object``) or one JSON Schema (``json_schema``,
+    ``schema`` its JSON text). Decoded under a grammar (``services.engine.grammar``)."""
+
+    kind: str  # "json_object" | "json_schema"
+    schema: str | None = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
@@ -36,6 +45,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past EOS (benchmarks; like vLLM's ignore_eos)
     min_tokens: int = 0  # like vLLM's: no EOS and no stop string before this many tokens
+    structured: StructuredOutput | None = None  # None: free text
 
 
 @dataclass(frozen=True)

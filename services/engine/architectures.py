@@ -47,6 +47,11 @@ class Architecture:
         return self.embed_tokens.weight.dtype
 
     @property
+    def vocab_size(self) -> int:
+        """Width of the logits (may exceed the tokenizer's length: padded vocabularies)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
     def merge(self) -> int:
         return int(getattr(self.vision_config, "spatial_merge_size", 1))
 

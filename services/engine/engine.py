@@ -25,9 +25,10 @@ from services.engine.architectures import Architecture, auto_max_batch
 from services.engine.caches import ImageCache, PrefixCache, SessionCache
 from services.engine.config import EngineConfig
 from services.engine.detok import Detokenizer
+from services.engine.grammar import LazyGrammars
 from services.engine.prompt import PromptBuilder
 from services.engine.runner import Caches, ModelRunner
-from services.engine.sampling import NonFiniteLogits, is_greedy, make_generator, sample
+from services.engine.sampling import is_greedy, make_generator, sample
 from services.engine.scheduler import ScheduledBatch, Scheduler
 from services.engine.sequence import Prompt, Sequence
 from services.engine.stats import EngineStats
@@ -48,6 +49,7 @@ class Engine:
         self.prompts = PromptBuilder(self.arch, processor, self.config)
         self.eos_ids = frozenset(self.arch.eos_token_ids())
         self._eos_order = tuple(sorted(self.eos_ids))
+        self.grammars = LazyGrammars(self.arch.tokenizer, self.arch.vocab_size, self.eos_ids)
         max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
         self.scheduler = Scheduler(
             max_batch, self.config.batch_window_ms / 1000.0, self.config.priority_aging_s
@@ -156,13 +158,17 @@ class Engine:
     def validate(self, request: GenerationRequest) -> None:
         self._prepare(request)
 
-    def _prepare(self, request: GenerationRequest) -> Prompt:
+    def _prepare(self, request: GenerationRequest) -> tuple[Prompt, Any]:
+        """The prompt, and the grammar matcher of a structured request (compiled here, on the
+        caller's thread, never on the engine's)."""
         try:
             if self._stopping:
                 raise RequestRejected("engine is stopping")
             if not request.request_id or request.request_id in self._known:
                 raise RequestRejected(f"request_id {request.request_id!r} is empty or already in flight")
-            return self.prompts.build(request)
+            prompt = self.prompts.build(request)
+            structured = request.sampling.structured
+            return prompt, self.grammars.get().matcher(structured) if structured else None
         except RequestRejected:
             self._stats.rejected += 1
             raise
@@ -209,13 +215,15 @@ class Engine:
         return outcome
 
     def _sequence(self, request: GenerationRequest, on_event: EventCallback) -> Sequence:
+        prompt, grammar = self._prepare(request)
         return Sequence(
             request=request,
-            prompt=self._prepare(request),
+            prompt=prompt,
             on_event=on_event,
             detok=Detokenizer(self.tokenizer, request.sampling.stop),
             eos_ids=self.eos_ids,
             generator=None if is_greedy(request.sampling) else make_generator(request.sampling.seed),
+            grammar=grammar,
         )
 
     def add_step_listener(self, listener: Callable[[], None]) -> None:
@@ -424,13 +432,16 @@ class Engine:
         self._healthy = False
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        params, gens = [s.request.sampling for s in seqs], [s.generator for s in seqs]
         banned = [self._banned(s) for s in seqs]
-        tokens = sample(logits, [s.request.sampling for s in seqs], [s.generator for s in seqs], banned)
+        tokens = sample(logits, params, gens, banned, self._allowed(seqs, logits))
         now = time.monotonic()
         done: list[tuple[Sequence, str]] = []
-        broken: list[tuple[Sequence, NonFiniteLogits]] = []
+        broken: list[tuple[Sequence, Exception]] = []
         for seq, tok in zip(seqs, tokens, strict=True):
-            if isinstance(tok, NonFiniteLogits):
+            if isinstance(tok, int) and seq.grammar is not None and not seq.grammar.accept_token(tok):
+                tok = ValueError(f"the response format's grammar refused token {tok}")
+            if not isinstance(tok, int):
                 broken.append((seq, tok))
                 continue
             if not seq.output_ids:
@@ -458,6 +469,12 @@ class Engine:
         for seq, exc in broken:
             self._fail(seq, exc)
 
+    def _allowed(self, seqs: list[Sequence], logits: torch.Tensor) -> list[torch.Tensor | None] | None:
+        """Structured rows' allowed tokens (None when the whole batch is free text)."""
+        if all(s.grammar is None for s in seqs):
+            return None
+        return self.grammars.get().allowed([s.grammar for s in seqs], logits.device)
+
     def _banned(self, seq: Sequence) -> tuple[int, ...]:
         """EOS may not be sampled before ``min_tokens`` (vLLM's rule; the tokens about to be added
         count: a row with ``len(output_ids) == min_tokens`` may end)."""
@@ -470,6 +487,8 @@ class Engine:
         return len(seq.output_ids) > seq.request.sampling.min_tokens
 
     def _check_finish(self, seq: Sequence, tok: int) -> FinishReason | None:
+        if seq.grammar is not None and seq.grammar.is_terminated():  # the JSON is complete (EOS taken)
+            return FinishReason.STOP
         if tok in seq.eos_ids and not seq.request.sampling.ignore_eos:
             return FinishReason.STOP
         if len(seq.output_ids) >= seq.request.sampling.max_tokens:

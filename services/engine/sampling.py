@@ -6,7 +6,9 @@ top-p) gets a ``NonFiniteLogits`` instead of a token: that sequence fails, the o
 as if it were not there.
 
 A row may ban tokens (``banned``: its EOS ids while it is short of ``min_tokens``): they get -inf after
-the finiteness checks, so a ban is "never this token", not a fault.
+the finiteness checks, so a ban is "never this token", not a fault. A row may also come with an
+``allowed`` mask (structured output, ``grammar.py``): only those tokens (less its bans) can be picked,
+greedy or sampled; a row left with no token at all gets a ``NoAllowedToken``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ class NonFiniteLogits(ValueError):
     """One row's scores hold NaN or inf: a numerical fault of that sequence, never of the batch."""
 
 
+class NoAllowedToken(ValueError):
+    """A constrained row's grammar (less its bans) allows no token at all."""
+
+
+Masks = list[torch.Tensor | None]
+
+
 def is_greedy(p: SamplingParams) -> bool:
     return p.temperature < GREEDY_BELOW
 
@@ -32,38 +41,61 @@ def sample(
     params: list[SamplingParams],
     gens: list[torch.Generator | None],
     banned: list[tuple[int, ...]] | None = None,
-) -> list[int | NonFiniteLogits]:
-    """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits``."""
+    allowed: Masks | None = None,
+) -> list[int | ValueError]:
+    """``logits`` (B, V) fp32 -> one token id per row, or the row's ``NonFiniteLogits`` /
+    ``NoAllowedToken``. ``allowed``: per row, None (free) or a bool (V,) mask of the tokens it may take."""
     bans = banned or [()] * len(params)
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
-    out: list[int | NonFiniteLogits] = list(_without(logits, bans).argmax(dim=-1).tolist())
+    masks = [_with_ban(m, ban) for m, ban in zip(allowed or [None] * len(params), bans, strict=True)]
+    finite = torch.isfinite(logits).all(dim=-1).tolist()  # the model's own numbers, before any ban or mask
+    out: list[int | ValueError] = list(_restricted(logits, bans, masks).argmax(dim=-1).tolist())
     for i, p in enumerate(params):
+        mask = masks[i]
         if not finite[i]:
             out[i] = NonFiniteLogits(f"non-finite logits from the model ({_what(logits[i])})")
+        elif mask is not None and not bool(mask.any()):
+            out[i] = NoAllowedToken("the response format's grammar allows no next token")
         elif not is_greedy(p):
-            out[i] = _sample_row(logits[i], p, gens[i], bans[i])
+            out[i] = _sample_row(logits[i], p, gens[i], bans[i], mask)
     return out
 
 
-def _without(logits: torch.Tensor, bans: list[tuple[int, ...]]) -> torch.Tensor:
-    """``logits`` with each row's banned tokens at -inf (a copy; the same tensor when none is banned)."""
-    if not any(bans):
+def _with_ban(mask: torch.Tensor | None, ban: tuple[int, ...]) -> torch.Tensor | None:
+    if mask is None or not ban:
+        return mask
+    mask = mask.clone()
+    mask[list(ban)] = False
+    return mask
+
+
+def _restricted(logits: torch.Tensor, bans: list[tuple[int, ...]], masks: Masks) -> torch.Tensor:
+    """``logits`` with each row's banned or disallowed tokens at -inf (a copy; the same tensor when no
+    row has any)."""
+    if not any(bans) and all(m is None for m in masks):
         return logits
-    masked = logits.clone()
-    for i, ban in enumerate(bans):
+    out = logits.clone()
+    for i, (ban, mask) in enumerate(zip(bans, masks, strict=True)):
         if ban:
-            masked[i, list(ban)] = float("-inf")
-    return masked
+            out[i, list(ban)] = float("-inf")
+        if mask is not None:
+            out[i].masked_fill_(~mask, float("-inf"))
+    return out
 
 
 def _sample_row(
-    logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, ban: tuple[int, ...] = ()
+    logits: torch.Tensor,
+    p: SamplingParams,
+    gen: torch.Generator | None,
+    ban: tuple[int, ...] = (),
+    allowed: torch.Tensor | None = None,
 ) -> int | NonFiniteLogits:
     scores = logits.cpu() / p.temperature
     if not torch.isfinite(scores).all():
         return NonFiniteLogits(f"non-finite scores after temperature {p.temperature:g} ({_what(scores)})")
     if ban:
         scores[list(ban)] = float("-inf")
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed.cpu(), float("-inf"))  # -inf: "never", not a fault
     if 0 < p.top_k < scores.numel():
         kth = torch.topk(scores, p.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))  # -inf: "never", not a fault

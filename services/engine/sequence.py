@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -62,6 +63,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     generator: torch.Generator | None = None
+    grammar: Any = None  # structured output: the sequence's xgrammar matcher (grammar.py), else None
     # vision prefetch hand-over (see vision.py): features computed ahead of the prefill
     features: dict[str, torch.Tensor] = field(default_factory=dict)
     vision_state: str = "pending"

@@ -19,6 +19,7 @@ from types import FrameType
 from services.engine import Engine
 from services.inference_worker.engine_setup import engine_config, pixel_processor
 from services.inference_worker.loop import InferenceWorker
+from shared import log_context, tracing
 from shared.config import get_inference_settings
 from shared.redis_clients import sync_client
 
@@ -51,8 +52,9 @@ def set_torch_threads(configured: int) -> int:
 def main() -> int:
     settings = get_inference_settings()
     sys.setswitchinterval(settings.gil_switch_interval_s)
+    log_context.configure(settings.log_level)
+    tracing.setup("inference", settings.otlp_endpoint)
     set_torch_threads(settings.torch_threads)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
     worker = InferenceWorker(settings, engine, client, pixel_processor(engine, settings.model))

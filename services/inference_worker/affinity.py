@@ -43,8 +43,9 @@ def record_owner(pipe: Any, keys: Keys, spec: JobSpec, worker_id: str, settings:
         return
     if spec.affinity_key and settings.session_cache:
         pipe.set(keys.session_owner(spec.affinity_key), worker_id, ex=settings.session_ttl_s)
-    if spec.image_digest and settings.image_cache:
-        pipe.set(keys.image_owner(spec.image_digest), worker_id, ex=settings.image_ttl_s)
+    if settings.image_cache:
+        for digest in spec.image_digests():
+            pipe.set(keys.image_owner(digest), worker_id, ex=settings.image_ttl_s)
 
 
 class Rebalancer:

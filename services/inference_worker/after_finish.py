@@ -24,7 +24,7 @@ from services.inference_worker import job_metrics
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.metrics_buffer import MetricsBuffer
 from services.inference_worker.stream_consumer import StreamConsumer
-from shared import conversations, metrics_hash, result_cache
+from shared import conversations, log_context, metrics_hash, recent_jobs, result_cache
 from shared.keys import Keys
 from shared.schemas import JobEvent, JobSpec, JobStatus
 
@@ -40,6 +40,7 @@ class WriterConfig:
     shared_results: bool = False  # tenants hit each other's cached answers (VLMQ_RESULT_CACHE_SHARED)
     # queues the owner records of a finished job (``affinity.record_owner``), or nothing
     record_owner: Callable[[Any, JobSpec], None] = lambda _pipe, _spec: None
+    on_end: Callable[[Finished], None] = lambda _item: None  # each attempt's end (Flower's task events)
     min_replicas: int = 0  # WAIT for this many replicas before the XACK (0: no WAIT)
     wait_ms: int = 500
 
@@ -76,13 +77,13 @@ class FinishEffects:
                 self._side_effects(pipe, item.run, item.event, item.status)
         if self.config.min_replicas > 0 and any(item.wrote for item in done):
             if not self._replicated(pipe):
-                return self._log(done, " (not acknowledged yet: too few replicas)")
+                return self._report(done, " (not acknowledged yet: too few replicas)")
             pipe = self.r.pipeline(transaction=False)
         for item in done:
             if item.reply != FENCED:
                 self.consumer.ack(pipe, item.run.entry)
         _execute(pipe)
-        self._log(done)
+        self._report(done)
 
     def _replicated(self, pipe: Any) -> bool:
         """Run the side effects, then WAIT on their connection: written after FINISH on the same
@@ -99,17 +100,20 @@ class FinishEffects:
         )
         return False
 
-    def _log(self, done: list[Finished], suffix: str = "") -> None:
+    def _report(self, done: list[Finished], suffix: str = "") -> None:
+        """Log each attempt's end and tell the monitors (``on_end``)."""
         for item in done:
+            self.config.on_end(item)
             note = {1: "", 2: " (re-sent)", 0: " (already terminal)", FENCED: " (another attempt owns it)"}
-            log.info(
-                "job %s attempt %d: %s%s (%d tokens)",
-                item.run.job_id,
-                item.run.attempt,
-                item.status.value,
-                note.get(item.reply, "") + suffix,
-                len(item.run.token_ids),
-            )
+            with log_context.job(item.run.job_id):
+                log.info(
+                    "job %s attempt %d: %s%s (%d tokens)",
+                    item.run.job_id,
+                    item.run.attempt,
+                    item.status.value,
+                    note.get(item.reply, "") + suffix,
+                    len(item.run.token_ids),
+                )
 
     def ack(self, run: JobRun) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -128,6 +132,7 @@ class FinishEffects:
         metrics_hash.inc(pipe, key, "jobs_total", outcome=status.value)
         if status is not JobStatus.DONE:
             return
+        recent_jobs.record(pipe, self.keys, event.timings, event.usage)
         cache_key = result_cache.cache_key(
             self.keys, self.config.model_id, run.spec, self.config.shared_results
         )

@@ -6,20 +6,21 @@ from typing import Any
 
 import torch
 
-from services.engine.api import GenerationRequest, ImageInput, SamplingParams
+from services.engine.api import GenerationRequest, ImageInput, SamplingParams, StructuredOutput
 from services.vlm.image_processor import ImageProcessorHandle
-from shared.schemas import ChatTurn, JobSpec, SamplingSpec
-from shared.tensors import TensorCodecError, unpack_image
+from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
+from shared.tensors import TensorCodecError, unpack_images
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
-    """Hugging Face chat format; the image part only on the turn that carries the image.
+    """Hugging Face chat format: each turn's image parts (one per image it shows), then its text.
 
     No system message is invented: the chat template inserts the default system prompt.
     """
     messages = []
     for turn in turns:
-        content: list[dict[str, Any]] = [{"type": "image"}] if turn.image else []
+        shown = len(turn.images) or int(turn.image)  # a previous-release turn: its job's one image
+        content: list[dict[str, Any]] = [{"type": "image"} for _ in range(shown)]
         content.append({"type": "text", "text": turn.text})
         messages.append({"role": turn.role, "content": content})
     return messages
@@ -35,7 +36,14 @@ def sampling_params(spec: SamplingSpec) -> SamplingParams:
         stop=tuple(spec.stop),
         min_tokens=spec.min_tokens,
         ignore_eos=spec.ignore_eos,
+        structured=structured_output(spec.response_format),
     )
+
+
+def structured_output(response_format: ResponseFormat | None) -> StructuredOutput | None:
+    if response_format is None:
+        return None
+    return StructuredOutput(response_format.type, response_format.json_schema)
 
 
 def image_input(tensors: dict[str, torch.Tensor], digest: str) -> ImageInput:
@@ -52,28 +60,48 @@ def _float32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def pixels_input(handle: ImageProcessorHandle, payload: bytes, digest: str) -> ImageInput:
-    """A job's pixels as the decode worker stored them (``shared.tensors.pack_image``) -> ImageInput:
-    the processor's steps after its resize run here (``ImageProcessorHandle.from_wire``).
-    Raises TensorCodecError for a payload it cannot read or one made by another processor config."""
-    made_by, tensors = unpack_image(payload)
+    """One image's pixels (``shared.tensors.pack_image``) -> ImageInput."""
+    return pixels_inputs(handle, payload, [digest])[digest]
+
+
+def pixels_inputs(handle: ImageProcessorHandle, payload: bytes, digests: list[str]) -> dict[str, ImageInput]:
+    """A job's pixels as the decode worker stored them (``shared.tensors.pack_images``: its images
+    in ``spec.image_digests()`` order) -> ImageInput by digest: the processor's steps after its
+    resize run here (``ImageProcessorHandle.from_wire``). Raises TensorCodecError for a payload it
+    cannot read, one made by another processor config, or one with another number of images."""
+    made_by, images = unpack_images(payload)
     if made_by != handle.processor_id:
         mine = handle.processor_id
         raise TensorCodecError(f"pixels made by image processor {made_by}, this worker's is {mine}")
+    if len(images) != len(digests):
+        raise TensorCodecError(f"pixels of {len(images)} images for a job that shows {len(digests)}")
     try:
-        return image_input(handle.from_wire(tensors), digest)
+        return {d: image_input(handle.from_wire(t), d) for d, t in zip(digests, images, strict=True)}
     except (ValueError, KeyError) as exc:
         raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
 
 
 def needs_image(spec: JobSpec) -> bool:
-    return any(turn.image for turn in spec.messages)
+    return any(turn.image or turn.images for turn in spec.messages)
 
 
-def build_request(spec: JobSpec, request_id: str, image: ImageInput | None) -> GenerationRequest:
+def build_request(
+    spec: JobSpec, request_id: str, images: dict[str, ImageInput] | ImageInput | None
+) -> GenerationRequest:
+    """The job as the engine takes it; ``images`` by digest (one input per image part, in order: an
+    image shown twice is the same input, its features computed once), or the one image of a job."""
+    legacy = spec.image_digest
+    if isinstance(images, ImageInput):
+        legacy = legacy or images.digest
+        images = {legacy: images}
+    parts = [d for turn in spec.messages for d in turn.digests(legacy)]
+    missing = [d for d in parts if d not in (images or {})]
+    if missing:
+        raise LookupError(f"no decoded image for {len(missing)} image part(s) of the conversation")
     return GenerationRequest(
         request_id=request_id,
         messages=chat_messages(spec.messages),
-        images=[image] if image is not None else [],
+        images=[(images or {})[d] for d in parts],
         sampling=sampling_params(spec.sampling),
         session_id=spec.affinity_key,
         deadline=spec.deadline,

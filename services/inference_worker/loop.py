@@ -20,16 +20,18 @@ from typing import Any
 import redis
 
 from services.engine.api import GenerationRequest, ImageInput, RequestRejected
+from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
-from services.inference_worker.after_finish import WriterConfig
-from services.inference_worker.engine_request import build_request, needs_image, pixels_input
+from services.inference_worker.after_finish import Finished, WriterConfig
+from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import Begun, JobStore, begun
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
 from services.inference_worker.sweeper import Sweeper
+from services.inference_worker.task_events import TaskEvents
 from services.vlm.image_processor import ImageProcessorHandle
-from shared import metrics_hash, workers
+from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
 from shared.schemas import ErrorCode, JobStatus
@@ -55,6 +57,7 @@ class InferenceWorker:
         self.keys = settings.keys
         self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
         self.worker_id = settings.worker_id or default_worker_id()
+        self.task_events = TaskEvents(settings, self.worker_id)  # Flower sees the inference stage
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
         self.interactive_reserve = max_batch  # slots batch-priority work never takes
@@ -68,6 +71,7 @@ class InferenceWorker:
             lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
+            on_end=self._ended,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         engine.add_step_listener(self.writer.step_done)  # one write per engine step
@@ -84,6 +88,7 @@ class InferenceWorker:
         self.consumer.ensure_groups()
         self.consumer.prune_consumers()
         self.writer.start()
+        self.task_events.start()
         self.heartbeat()
         self.handle_many(self.consumer.read(self.capacity, 0, own_pending=True))  # same name, restarted
         log.info("inference worker %s reading %s", self.worker_id, self.keys.inference_stream())
@@ -165,6 +170,7 @@ class InferenceWorker:
         pipe = self.r.pipeline(transaction=False)
         workers.withdraw(pipe, self.keys, self.worker_id)
         pipe.execute()
+        self.task_events.stop()
         log.info("inference worker %s stopped (%d jobs released)", self.worker_id, len(leftover))
 
     # --- stream entries ---
@@ -182,7 +188,10 @@ class InferenceWorker:
             elif entry.job_id not in self._run_ids() and entry not in fresh:  # not ours already
                 fresh.append(entry)
         replies = self.store.begin_many([entry.job_id for entry in fresh])
-        ready = [self._guarded(entry, reply) for entry, reply in zip(fresh, replies, strict=True)]
+        ready = []
+        for entry, reply in zip(fresh, replies, strict=True):
+            with log_context.job(entry.job_id):  # its log lines name the job
+                ready.append(self._guarded(entry, reply))
         self._submit_all([r for r in ready if r is not None])
 
     def _guarded(self, entry: Entry, reply: Any) -> Ready | None:
@@ -239,6 +248,8 @@ class InferenceWorker:
         for (run, _), why in zip(ready, refused, strict=True):
             if why is not None:
                 self._reject(run.entry, run.attempt, why)
+            else:
+                self.task_events.job_started(run.spec.job_id, run.attempt)
 
     def _refusal(self, record: JobRecord, attempt: int, cancelled: bool) -> JobStatus | None:
         """Cancelled or expired before it ran: finish it now, never generate."""
@@ -253,7 +264,7 @@ class InferenceWorker:
     ) -> Ready:
         """The attempt's request and run; the run is registered (submitted by ``_submit_all``)."""
         spec = record.spec
-        request = build_request(spec, f"{spec.job_id}:{attempt}", self._image(record, pixels))
+        request = build_request(spec, f"{spec.job_id}:{attempt}", self._images(record, pixels))
         run = JobRun(
             entry=entry,
             spec=spec,
@@ -268,17 +279,20 @@ class InferenceWorker:
             self.runs[spec.job_id] = run
         return run, request
 
-    def _image(self, record: JobRecord, pixels: bytes | None) -> ImageInput | None:
-        """The job's image from the pixels its decode worker stored (or, while a previous release's
-        decode workers still run, from their tensor of the image)."""
+    def _images(self, record: JobRecord, pixels: bytes | None) -> dict[str, ImageInput]:
+        """The job's images by digest, from the pixels its decode worker stored (or, while a previous
+        release's decode workers still run, from their tensor of its one image)."""
         spec = record.spec
+        digests = spec.image_digests()
         if not needs_image(spec):
-            return None
-        if spec.image_digest is None:
+            return {}
+        if not digests:
             raise LookupError("the conversation refers to an image but the job has none")
+        if pixels is None and spec.image_digest is not None and digests == [spec.image_digest]:
+            return {spec.image_digest: self.store.legacy_image(spec.image_digest, self.pixels.processor_id)}
         if pixels is None:
-            return self.store.legacy_image(spec.image_digest, self.pixels.processor_id)
-        return pixels_input(self.pixels, pixels, spec.image_digest)
+            raise LookupError("the job's decoded images are gone; submit the images again")
+        return pixels_inputs(self.pixels, pixels, digests)
 
     # --- running jobs ---
     def poll_cancels(self) -> None:
@@ -326,6 +340,15 @@ class InferenceWorker:
         pipe = self.r.pipeline(transaction=False)
         workers.publish(pipe, self.keys, beat, ttl_ms)
         pipe.execute()
+        self.task_events.heartbeat(beat["inflight"])
+
+    def _ended(self, item: Finished) -> None:
+        """Writer thread: an attempt ended; tell Flower and the tracer (both off by default)."""
+        try:
+            self.task_events.job_ended(item)
+            job_spans.record(item, self.worker_id)
+        except Exception:  # monitoring never fails the writer (nor so the worker)
+            log.exception("job %s: task event or spans not recorded", item.run.job_id)
 
     def _finished(self, run: JobRun) -> None:
         """Writer thread: the job's terminal state is written and its entry acknowledged."""

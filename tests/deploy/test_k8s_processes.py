@@ -75,13 +75,16 @@ def run_probe(probe: Obj, env: dict[str, str]) -> int:
 def write_heartbeat(client: redis.Redis, keys: Keys, *, healthy: bool, stopping: bool) -> None:
     """One beat from the real ``InferenceWorker.heartbeat``, on a stand-in for the worker."""
     from services.inference_worker.loop import InferenceWorker  # torch, transformers: only this test
+    from services.inference_worker.task_events import TaskEvents
 
     stop = threading.Event()
     if stopping:
         stop.set()
+    settings = InferenceSettings(key_prefix=keys.prefix, _env_file=None)  # type: ignore[call-arg]
     worker = SimpleNamespace(
         worker_id=POD,
-        settings=InferenceSettings(key_prefix=keys.prefix, _env_file=None),  # type: ignore[call-arg]
+        settings=settings,
+        task_events=TaskEvents(settings, POD),  # off by default: publishes nothing
         healthy=healthy,
         writer=SimpleNamespace(error=None if healthy else "boom", events=0, flushes=0),
         engine=SimpleNamespace(last_error=None, stats=lambda: SimpleNamespace(to_dict=dict)),

@@ -7,7 +7,6 @@ import base64
 import json
 from typing import Any
 
-import httpx
 import redis
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -74,9 +73,3 @@ async def test_cancel_message_and_disconnect(gateway: ServiceStack, r: redis.Red
         second = json.loads(await ws.recv())
     assert accepted["id"] != second["id"]
     wait_for(lambda: r.get(gateway.keys.job_cancel(second["id"])), 5, what="cancel on disconnect")
-
-
-async def test_page(client: httpx.AsyncClient) -> None:
-    resp = await client.get("/")
-    assert resp.status_code == 200 and "text/html" in resp.headers["content-type"]
-    assert "/v1/chat/ws" in resp.text

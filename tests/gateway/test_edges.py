@@ -305,7 +305,7 @@ async def test_bad_frames_on_the_chat_websocket_get_an_error_event_and_the_conne
             assert reply["type"] == "error" and reply["status"] == 400, (frame[:40], reply)
             assert reply["error"]
         await ws.send(json.dumps({"type": "cancel"}))  # nothing streaming: ignored, still open
-        await ws.send(json.dumps({"prompt": "Colour?"}))
+        await ws.send(json.dumps({"prompt": "Colour?", "image": 5}))  # text only is fine; this is not
         reply = json.loads(await ws.recv())
-        assert reply["type"] == "error" and "image" in reply["error"]
+        assert reply["type"] == "error" and "image" in reply["error"], reply
     assert stored_keys(gateway) == before

@@ -147,19 +147,26 @@ async def test_accept_is_fast(client: httpx.AsyncClient) -> None:
     assert (time.perf_counter() - start) / 10 < 0.25
 
 
-async def test_new_image_restarts_the_session(
+async def test_a_new_image_joins_the_session(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:
+    """A follow-up with another image adds it: the new turn shows it, the earlier turns stay."""
     first = await submit(client, prompt="What colour?", session_id="switch-1")
     spec1 = JobRecord.from_hash(r.hgetall(gateway.keys.job(first.json()["id"]))).spec
     assert record_turn(r, gateway.keys, spec1, "Red.")
     other = image_bytes("PNG", (90, 90), seed=77)
     resp = await submit(client, other, prompt="And now?", session_id="switch-1")
     spec2 = JobRecord.from_hash(r.hgetall(gateway.keys.job(resp.json()["id"]))).spec
-    assert spec2.image_digest == hashlib.sha256(other).hexdigest() != spec1.image_digest
-    assert [(t.role, t.text, t.image) for t in spec2.messages] == [("user", "And now?", True)]
+    new = hashlib.sha256(other).hexdigest()
+    assert spec2.image_digest == spec1.image_digest and spec2.image_digests() == [spec1.image_digest, new]
+    assert [(t.role, t.text, t.images) for t in spec2.messages] == [
+        ("user", "What colour?", [spec1.image_digest]),
+        ("assistant", "Red.", []),
+        ("user", "And now?", [new]),
+    ]
+    assert r.get(gateway.keys.image(new)) == other
     session = (await client.get("/v1/sessions/switch-1")).json()
-    assert session["image_digest"] == spec2.image_digest and session["turns"] == []
+    assert session["image_digest"] == spec1.image_digest and len(session["turns"]) == 2
 
 
 async def test_a_follow_up_may_be_a_plain_urlencoded_form(client: httpx.AsyncClient) -> None:

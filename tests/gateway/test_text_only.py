@@ -78,6 +78,9 @@ async def test_a_text_only_turn_goes_to_its_sessions_live_owner(
     pipe.set(keys.session_owner(sid), "w-owner")
     pipe.execute()
     resp = (await client.post("/v1/jobs", json={"prompt": "Three?", "session_id": sid})).json()
+    pipe = r.pipeline()
+    workers.withdraw(pipe, keys, "w-owner")  # its heartbeat key would expire under another test
+    pipe.execute()
     assert resp["id"] in stream_jobs(r, keys.worker_stream("w-owner"))
     batch = (await client.post("/v1/jobs", json={"prompt": "Later.", "priority": "batch"})).json()
     assert batch["id"] in stream_jobs(r, keys.batch_stream())

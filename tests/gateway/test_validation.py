@@ -12,6 +12,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from gateway.body_limit import body_limit
 from tests.gateway.conftest import MAX_IMAGE_BYTES, stored_keys
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
@@ -96,11 +97,12 @@ async def test_image_too_large(client: httpx.AsyncClient, gateway: ServiceStack)
 
 
 async def test_body_too_large_declared_and_chunked(client: httpx.AsyncClient, gateway: ServiceStack) -> None:
-    huge = b"x" * (MAX_IMAGE_BYTES * 2 + 300_000)
+    limit = body_limit(MAX_IMAGE_BYTES, gateway.settings.max_images_per_request)  # every image at its cap
+    huge = b"x" * (limit + 1000)
     await assert_refused(gateway, multipart(client, huge, prompt="x"), 413, "too large")
 
     async def chunks():  # type: ignore[no-untyped-def]
-        for _ in range(100):
+        for _ in range(limit // 10_000 + 2):
             yield b"y" * 10_000
 
     headers = {"content-type": "application/json"}

@@ -43,6 +43,8 @@ COUNTERS = {
     "vlmq_engine_requests_rejected",
     "vlmq_engine_requests_finished",
     "vlmq_engine_errors",
+    "vlmq_engine_forward_cpu_seconds",
+    "vlmq_engine_step_cpu_seconds",
     "vlmq_cache_hits",
     "vlmq_cache_lookups",
     "vlmq_cache_evictions",
@@ -77,6 +79,7 @@ JOB_HISTOGRAMS: dict[str, tuple[int, dict[str, str]]] = {
     "vlmq_request_prompt_tokens": (3, {}),
     "vlmq_request_generation_tokens": (3, {}),
     "vlmq_engine_batch_size": (1, {}),  # decode steps: three short jobs may share one batch
+    "vlmq_engine_prefill_batch_size": (1, {}),
 }
 HISTOGRAMS = {*JOB_HISTOGRAMS, "vlmq_gateway_submit_seconds"}
 

@@ -21,7 +21,7 @@ def test_min_tokens_and_ignore_eos_change_the_key_only_when_set() -> None:
         "tenant": None,
         "model": "m",
         "image": "d",
-        "messages": [t.model_dump(mode="json") for t in TURNS],
+        "messages": [{"role": "user", "text": "What colour is the circle?", "image": True}],
         "sampling": before,
     }
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()

@@ -40,9 +40,14 @@ class Reference:
         self.processor = ImageProcessorHandle.load(model_path)
         self.engine.start()
 
-    def answer(self, spec: JobSpec, data: bytes | None) -> str:
-        image = decoded_image(self.processor, data, spec.image_digest) if data is not None else None
-        request = build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", image)
+    def answer(self, spec: JobSpec, data: bytes | list[bytes] | None) -> str:
+        """``data``: the job's one image, or every image it shows (any order), or None."""
+        images: dict[str, ImageInput] | ImageInput | None = None
+        if isinstance(data, bytes):
+            images = decoded_image(self.processor, data, spec.image_digest)
+        elif data is not None:
+            images = {i.digest: i for i in (decoded_image(self.processor, d) for d in data)}
+        request = build_request(spec.model_copy(update={"use_cache": False}), f"ref-{spec.job_id}", images)
         request.deadline = None
         return "".join(e.text for e in self.engine.generate_sync(request, timeout_s=60))
 

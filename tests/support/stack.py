@@ -76,8 +76,8 @@ class ServiceStack:
     ) -> None:
         """``task_events``: decode workers publish Celery task events (``-E``), as where Flower runs."""
         self.key_prefix = key_prefix or f"vlmqtest-{uuid.uuid4().hex[:8]}"
-        self.task_events = task_events
         self.env = base_env(redis_url, self.key_prefix, extra_env)
+        self.task_events = task_events or self.env.get("VLMQ_TASK_EVENTS") == "true"  # Flower runs: both
         self.settings = GatewaySettings.model_validate(_settings_kwargs(self.env))  # exactly the stack's env
         self.keys: Keys = self.settings.keys
         self.redis: Any = sync_client(redis_url, sentinel=self.settings.sentinel)  # Any: redis-py's unions

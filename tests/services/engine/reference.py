@@ -52,6 +52,7 @@ def reference(
     pngs: list[bytes],
     max_new: int,
     min_new: int = 0,
+    logits_processor: list[Any] | None = None,
 ) -> Reference:
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in pngs]
@@ -67,6 +68,7 @@ def reference(
             do_sample=False,
             output_logits=True,
             return_dict_in_generate=True,
+            logits_processor=logits_processor,
         )
     n = inputs["input_ids"].shape[1]
     return Reference(out.sequences[0, n:].tolist(), [lg[0].float() for lg in out.logits])
