@@ -66,6 +66,7 @@ class Engine:
         self._healthy = True
         self._last_error: str | None = None
         self._step_listeners: list[Callable[[], None]] = []
+        self._preparing = 0  # submit calls preparing requests right now (``_join_wait``)
 
     @classmethod
     def from_pretrained(cls, config: EngineConfig) -> Engine:
@@ -181,14 +182,23 @@ class Engine:
         self, items: list[tuple[GenerationRequest, EventCallback]]
     ) -> list[RequestRejected | None]:
         """Submit several requests at once: they reach the scheduler together, so an idle engine
-        prefills them in one step. Per request: None (submitted) or why it was refused."""
+        prefills them in one step. Per request: None (submitted) or why it was refused.
+        While requests are being prepared (here, on any thread), an idle engine holding others
+        waits for them up to the admission window: requests that arrive together share a prefill."""
         outcome: list[RequestRejected | None] = [None] * len(items)
         ready: list[tuple[int, Sequence]] = []
-        for i, (request, on_event) in enumerate(items):
-            try:
-                ready.append((i, self._sequence(request, on_event)))
-            except RequestRejected as exc:
-                outcome[i] = exc
+        with self._cv:
+            self._preparing += 1
+        try:
+            for i, (request, on_event) in enumerate(items):
+                try:
+                    ready.append((i, self._sequence(request, on_event)))
+                except RequestRejected as exc:
+                    outcome[i] = exc
+        finally:
+            with self._cv:
+                self._preparing -= 1
+                self._cv.notify_all()
         with self._cv:
             for i, seq in ready:
                 if seq.id in self._known:  # submitted meanwhile, or twice in this call
@@ -307,10 +317,23 @@ class Engine:
                 self._inbox.clear()
                 self._cancels.clear()
                 if self.scheduler.has_work():
-                    return True
+                    wait = self._join_wait()
+                    if wait <= 0:
+                        return True
+                    self._cv.wait(timeout=wait)  # others are being submitted right now: let them join
+                    continue
                 if self._stopping:
                     return False
                 self._cv.wait(timeout=1.0)
+
+    def _join_wait(self) -> float:
+        """Seconds an idle engine waits before its first prefill: while other submissions are being
+        prepared, up to the admission window since the oldest waiter arrived; else 0 (a lone request
+        never waits). Called under ``_cv``."""
+        s = self.scheduler
+        if not self._preparing or s.running or not s.waiting or self._stopping:
+            return 0.0
+        return s.window_s - (time.monotonic() - s.waiting[0].arrival)
 
     def _park(self) -> None:
         """Unhealthy: queued sequences stay queued (the caller releases them elsewhere); cancels and

@@ -2,9 +2,10 @@
 
 1. Drop cancelled and expired sequences (waiting ones never run; running ones leave now).
 2. Admit waiting sequences into free slots (``max_batch``) when the engine is idle (a lone request
-   never waits), when the waiters fill every free slot, or when the oldest has waited
-   ``batch_window``: highest priority first (``GenerationRequest.priority``, 0 before 1), oldest
-   first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
+   never waits; while other requests are being submitted, the engine waits for them up to
+   ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot, or when the
+   oldest has waited ``batch_window``: highest priority first (``GenerationRequest.priority``,
+   0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
    Admitted sequences are prefilled together this step.
 3. Otherwise decode every running sequence.
 

@@ -317,3 +317,31 @@ def test_submit_many_refuses_each_bad_request_alone(bundled, make_engine):
     outcome = engine.submit_many([(good, lambda ev: None), (bad, lambda ev: None), (twin, lambda ev: None)])
     assert outcome[0] is None and isinstance(outcome[1], RequestRejected)
     assert isinstance(outcome[2], RequestRejected)  # the same id twice: the second is refused
+
+
+def test_an_idle_engine_waits_for_requests_being_submitted(bundled, make_engine):
+    """Requests that arrive together share a prefill: while another submission is being prepared
+    (simulated here by holding the engine's count of them), the first request waits, up to the
+    admission window, and both are then prefilled in one step."""
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=5000)
+
+    def req(rid: str, i: int) -> GenerationRequest:
+        image = image_input(proc, draw_image(20 + i))
+        return GenerationRequest(rid, [user("What colour is it?")], [image], SamplingParams(max_tokens=2))
+
+    engine.generate_sync(req("warm", 9))
+    before = engine.stats()
+    with engine._cv:
+        engine._preparing += 1  # another thread is preparing a request
+    first_done = threading.Event()
+    engine.submit(req("first", 0), lambda ev: first_done.set() if ev.finished else None)
+    time.sleep(0.3)
+    assert engine.stats().prefill_steps == before.prefill_steps  # waiting for the other one
+    engine.submit(req("second", 1), lambda ev: None)
+    with engine._cv:
+        engine._preparing -= 1
+        engine._cv.notify_all()
+    assert first_done.wait(30)
+    after = engine.stats()
+    assert after.prefill_sizes.get(2, 0) == before.prefill_sizes.get(2, 0) + 1
