@@ -54,7 +54,10 @@ def add_ask(commands: Commands, common: argparse.ArgumentParser) -> None:
         usage="vlmq ask [options] [IMAGE] QUESTION",
     )
     ask.add_argument(
-        "words", nargs="+", metavar="[IMAGE] QUESTION", help="image file (not with --session) and question"
+        "words",
+        nargs="+",
+        metavar="[IMAGE] QUESTION",
+        help="image file and question; the question alone asks without an image (text only)",
     )
     ask.add_argument("--session", help="continue this session (a follow-up: no image needed)")
     ask.add_argument(
@@ -101,8 +104,6 @@ def add_bench(commands: Commands, common: argparse.ArgumentParser) -> None:
 def split_ask(args: argparse.Namespace) -> None:
     if len(args.words) > 2:
         raise CliError('ask takes an image and one question: quote the question ("What colour is it?")', 2)
-    if len(args.words) == 1 and not args.session:
-        raise CliError("ask needs an image (or --session SESSION for a follow-up) and a question", 2)
     args.image = args.words[0] if len(args.words) == 2 else None
     args.question = args.words[-1]
 

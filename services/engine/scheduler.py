@@ -6,6 +6,8 @@
    ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot, or when the
    oldest has waited ``batch_window``: highest priority first (``GenerationRequest.priority``,
    0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
+   Batch-priority sequences (1, not aged) never hold the last ``max_batch // 4`` slots: an
+   interactive arrival finds a free slot instead of waiting for a batch sequence to finish.
    Admitted sequences are prefilled together this step.
 3. Otherwise decode every running sequence.
 
@@ -32,6 +34,7 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, max_batch: int, window_s: float, aging_s: float = 10.0) -> None:
         self.max_batch = max_batch
+        self.interactive_reserve = max_batch // 4  # slots batch-priority work leaves free
         self.window_s = window_s
         self.aging_s = aging_s
         self.waiting: deque[Sequence] = deque()
@@ -92,7 +95,7 @@ class Scheduler:
         )
         if not ready:
             return []
-        chosen = sorted(self.waiting, key=lambda seq: (self._rank(seq, now), seq.arrival))[:free]
+        chosen = self._choose(free, now)
         admitted = [seq for seq in self.waiting if seq in chosen]  # in arrival order
         for seq in admitted:
             self.waiting.remove(seq)
@@ -101,3 +104,18 @@ class Scheduler:
             seq.admitted_at = now
         self.running.extend(admitted)
         return admitted
+
+    def _choose(self, free: int, now: float) -> list[Sequence]:
+        """Up to ``free`` waiting sequences by rank, then age; batch ones only outside the reserve."""
+        batch_room = self.max_batch - self.interactive_reserve
+        batch_room -= sum(seq.request.priority > 0 for seq in self.running)
+        chosen: list[Sequence] = []
+        for seq in sorted(self.waiting, key=lambda seq: (self._rank(seq, now), seq.arrival)):
+            if len(chosen) == free:
+                break
+            if self._rank(seq, now) > 0:
+                if batch_room <= 0:
+                    continue
+                batch_room -= 1
+            chosen.append(seq)
+        return chosen

@@ -33,14 +33,23 @@ def test_ask_streams_the_engines_answer_and_follows_up(
     assert follow_up.out == reference.answer(spec, image.read_bytes()) + "\n"
 
 
+def test_ask_without_an_image_is_a_text_only_question(
+    service_stack: ServiceStack, reference: Reference
+) -> None:
+    asked = vlmq(service_stack.base_url, "ask", "--json", "--no-cache", "What colour is the circle?")
+    assert asked.code == 0, asked.err
+    answer = asked.json()
+    spec = spec_of(service_stack, answer["id"]).spec
+    assert answer["status"] == "done" and spec.image_digests() == []
+    assert answer["text"] == reference.answer(spec, None)
+
+
 def test_ask_refusals_say_what_the_server_said(service_stack: ServiceStack) -> None:
     url = service_stack.base_url
     not_image = vlmq(url, "ask", str(EXAMPLES.parent / "README.md"), "What is it?")
     assert not_image.code == 1 and "415" in not_image.err and "accepted: JPEG, PNG, WebP" in not_image.err
     too_many = vlmq(url, "ask", str(EXAMPLES / "shapes.png"), "x", "--max-tokens", "4", "--min-tokens", "5")
     assert too_many.code == 1 and "min_tokens: at most max_tokens (4)" in too_many.err
-    no_image = vlmq(url, "ask", "What colour is the circle?")
-    assert no_image.code == 2 and "--session" in no_image.err
     missing = vlmq(url, "ask", "/nonexistent.png", "x")
     assert missing.code == 2 and "no such file" in missing.err
 

@@ -221,7 +221,8 @@ async def test_stream_disconnect_cancels_job(gateway: ServiceStack, r: redis.Red
             if line.startswith("data:"):
                 break
     wait_for(lambda: r.get(gateway.keys.job_cancel(job_id)), 5, what="cancel flag")
-    assert r.hget(gateway.keys.job(job_id), "status") == JobStatus.CANCELLED.value.encode()
+    cancelled = JobStatus.CANCELLED.value.encode()  # written just after the flag (cancel_job)
+    wait_for(lambda: r.hget(gateway.keys.job(job_id), "status") == cancelled, 5, what="cancelled")
 
 
 async def test_blocking_request_disconnect_cancels_job(gateway: ServiceStack, r: redis.Redis) -> None:

@@ -98,3 +98,16 @@ def test_interactive_is_admitted_before_batch_and_batch_ages_in() -> None:
     scheduler.add(new)
     scheduler.add(old)
     assert [s.id for s in scheduler.schedule().prefill] == ["old-batch"]  # aged in: oldest first
+
+
+def test_batch_work_leaves_a_quarter_of_the_slots_to_interactive_arrivals() -> None:
+    scheduler = Scheduler(max_batch=8, window_s=0.0, aging_s=60.0)
+    for i in range(10):
+        scheduler.add(_seq(f"b{i}", priority=1))
+    assert [s.id for s in scheduler.schedule().prefill] == [f"b{i}" for i in range(6)]  # 2 kept free
+    assert not scheduler.schedule().prefill  # batch work waits although two slots are free
+    scheduler.add(_seq("i", priority=0))
+    assert [s.id for s in scheduler.schedule().prefill] == ["i"]  # no wait for a batch one to end
+    aged = scheduler.waiting[0]
+    aged.arrival -= 61  # waited past aging_s: it counts as interactive and takes the last slot
+    assert [s.id for s in scheduler.schedule().prefill] == [aged.id]
