@@ -51,6 +51,8 @@ ENV = {**TTLS, "VLMQ_DECODE_CONCURRENCY": "1", "OMP_NUM_THREADS": "1", "VLMQ_LOG
 SAMPLE_S = 10.0
 MAX_RSS_GROWTH = 0.10
 TERMINAL = ("done", "failed", "cancelled")
+SLOW_S = 1.0  # jobs slower than this (client-side) keep their stage timings in the report
+SLOW: list[dict[str, Any]] = []
 
 
 async def one_job(client: httpx.AsyncClient, request: BenchRequest) -> tuple[float, float, str]:
@@ -65,11 +67,14 @@ async def one_job(client: httpx.AsyncClient, request: BenchRequest) -> tuple[flo
     if resp.status_code != 202:
         return started, time.perf_counter() - started, f"http {resp.status_code}"
     job_id, deadline = resp.json()["id"], started + 120  # VLMQ_MAX_JOB_S is 60: never longer
-    while (status := (await client.get(f"/v1/jobs/{job_id}")).json()["status"]) not in TERMINAL:
+    while (view := (await client.get(f"/v1/jobs/{job_id}")).json())["status"] not in TERMINAL:
         if time.perf_counter() > deadline:
             return started, time.perf_counter() - started, "lost"
         await asyncio.sleep(0.02)
-    return started, time.perf_counter() - started, status
+    seconds = time.perf_counter() - started
+    if seconds >= SLOW_S:  # where a slow job's time went, by the server's stage timings
+        SLOW.append({"seconds": seconds, "id": job_id, "timings": view.get("timings")})
+    return started, seconds, str(view["status"])
 
 
 async def capacity(client: httpx.AsyncClient, requests: list[BenchRequest], seconds: float) -> float:
@@ -111,6 +116,7 @@ def sample(stack: ServiceStack, t0: float) -> dict[str, Any]:
 
 async def soak(stack: ServiceStack, client: httpx.AsyncClient, rate: float, minutes: float) -> dict[str, Any]:
     requests, rng = make_requests(64, seed=11), random.Random(5)
+    SLOW.clear()  # the capacity run's are not the soak's
     t0, samples, tasks = time.perf_counter(), [], []
     next_sample, i = 0.0, 0
     while (now := time.perf_counter() - t0) < minutes * 60:
@@ -172,6 +178,8 @@ def summarize(raw: dict[str, Any], minutes: float, fraction: float) -> dict[str,
         "jobs": len(results),
         "statuses": statuses,
         "per_minute": per_minute(results),
+        "slow_jobs": len(SLOW),
+        "slowest": sorted(SLOW, key=lambda job: -job["seconds"])[:20],
         # warm-up = the first half: the engine's caches (session KV 512 MB, image 256 MB, prefix
         # 64 MB by default) fill to their bounds in it, which is growth by design
         "rss_growth_after_warmup": rss_growth(samples, minutes * 30),
@@ -189,6 +197,7 @@ def report(s: dict[str, Any]) -> str:
         f"Redis keys: baseline {s['keys_baseline']}, peak {s['keys_peak']}, "
         f"after the TTLs {s['keys_after_ttls']}; "
         f"used_memory peak {s['used_memory_peak'] / 1e6:.1f} MB",
+        f"jobs slower than {SLOW_S:.0f} s: {s['slow_jobs']} (stage timings of the slowest 20 in the JSON)",
         "RSS growth in the second half (after warm-up): "
         + ", ".join(f"{k} {v * 100:+.1f} %" for k, v in s["rss_growth_after_warmup"].items()),
         "RSS growth after minute 1 (engine caches filling to their bounds included): "
