@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyvlm import build, labels, pointers, questions, referents, render
+from tinyvlm import build, dialogue, labels, pointers, questions, referents, render
 from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 10  # bump when an example's content changes
+CACHE_VERSION = 11  # bump when an example's content changes
 
 
 @dataclass
@@ -48,9 +48,10 @@ class Example:
     pointer_targets: torch.Tensor  # (P, G + 1) float32 attention targets over image_keys
 
 
-def messages(turns: list[Turn], with_answers: bool = True) -> list[dict[str, Any]]:
-    """Chat messages for a conversation; the image is attached to the first user turn."""
-    out: list[dict[str, Any]] = []
+def messages(turns: list[Turn], with_answers: bool = True, system: str | None = None) -> list[dict[str, Any]]:
+    """Chat messages for a conversation; the image is attached to the first user turn. Without a
+    ``system`` prompt the chat template inserts the default one."""
+    out: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
     for i, turn in enumerate(turns):
         if i == 0:
             content: Any = [{"type": "image"}, {"type": "text", "text": turn.question}]
@@ -166,8 +167,8 @@ def pointer_targets(
     return column("position"), column("layer"), column("head"), targets
 
 
-def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int) -> Example:
-    text = processor.apply_chat_template(messages(turns), tokenize=False)
+def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int, system: str | None = None) -> Example:
+    text = processor.apply_chat_template(messages(turns, system=system), tokenize=False)
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
     ids = enc["input_ids"][0]
     tok = processor.tokenizer
@@ -214,15 +215,23 @@ def _init_worker() -> None:
 
 
 def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -> tuple[Scene, list[Turn]]:
-    """The scene and turns of training example ``index`` of the set drawn with ``seed``."""
+    """The scene and turns of training example ``index`` of the set drawn with ``seed``: in people's
+    words (``tinyvlm.dialogue``) for a varied spec, else in the first model's phrasings."""
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
-    turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
-    text = questions.ask_text(scene, rng, held_out=False)
+    if spec.variety:
+        turns = dialogue.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
+        text = dialogue.ask_text(scene, rng, dialogue.Split.TRAIN)
+        text = None if text is None else dialogue.dressed(text, rng)
+        count = dialogue.dressed(dialogue.ask_count(scene, rng, dialogue.Split.TRAIN), rng)
+    else:
+        turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
+        text = questions.ask_text(scene, rng, held_out=False)
+        count = questions.ask_count(scene, rng, held_out=False)
     if text is not None and all(t.qtype != "text" for t in turns):
         turns = [text, *turns]  # the glyph is on a third of the pictures: always ask it in training
     # Counting is the slowest answer to learn: every training conversation ends with one more count.
-    turns = [*turns, questions.ask_count(scene, rng, held_out=False)]
+    turns = [*turns, count]
     if spec.drills:
         turns = [*turns, *questions.drills(scene, rng)]
     if spec.only_attribute is not None:
@@ -231,10 +240,16 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     return scene, turns
 
 
+def training_system_prompt(seed: int, index: int, spec: SceneSpec) -> str | None:
+    """The system prompt of training example ``index``: its own stream, so the turns stay as drawn."""
+    return dialogue.system_prompt(random.Random(f"{seed}-{index}-system")) if spec.variety else None
+
+
 def _example_for(args: tuple[int, int, SceneSpec]) -> dict[str, np.ndarray]:
     seed, index, spec = args
     scene, turns = training_conversation(seed, index, spec)
-    example = make_example(_WORKER_PROCESSOR, scene, turns, seed=index)
+    system = training_system_prompt(seed, index, spec)
+    example = make_example(_WORKER_PROCESSOR, scene, turns, seed=index, system=system)
     # numpy, not tensors, across processes: torch shares tensors by file descriptor and runs out.
     return {k: v.numpy() for k, v in example.__dict__.items()}
 

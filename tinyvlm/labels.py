@@ -42,7 +42,7 @@ def object_token(obj: Obj, scene: Scene, grid_h: int, grid_w: int) -> int:
 def glyph_token(scene: Scene, grid_h: int, grid_w: int) -> int:
     """The image token the glyph's centre falls in."""
     assert scene.glyph is not None
-    left, top, right, bottom = render.glyph_box(scene.glyph, scene.width, scene.height)
+    left, top, right, bottom = render.glyph_box(scene.glyph, scene.width, scene.height, scene.font)
     return _token((left + right) / 2, (top + bottom) / 2, scene, grid_h, grid_w)
 
 

@@ -57,7 +57,7 @@ def _question_end(turn: Turn, slots: _Slots) -> tuple[int, ...] | None:
     """What the end of a question that names no object looks at (text, count), if anything."""
     if turn.qtype == "text":
         return (slots.glyph(),)
-    if turn.qtype == "count":
+    if turn.qtype in ("count", "presence"):
         return slots.counted(turn.counted)
     return None
 

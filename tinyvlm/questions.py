@@ -39,7 +39,14 @@ class Turn:
     # it (anchors of relative references included) and the object the answer is about.
     mentions: tuple[Mention, ...] = ()
     about: Obj | None = None
-    counted: tuple[Obj, ...] = ()  # the objects a count question counts
+    counted: tuple[Obj, ...] = ()  # the objects a count (or presence) question counts
+    family: str = "legacy"  # the phrasing family (tinyvlm.grammar), "legacy" for this module's
+    json: bool = False  # asked for JSON: ``answer`` is JSON, ``plain`` the bare answer
+    plain: str = ""
+
+    @property
+    def bare_answer(self) -> str:
+        return self.plain or self.answer
 
 
 def _attribute(obj: Obj, attr: str) -> str:

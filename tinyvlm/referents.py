@@ -73,9 +73,11 @@ def _question_row(turn: Turn) -> list[int] | None:
     if turn.about is not None:
         return object_row(turn.about)
     if turn.qtype == "count":
-        return _row(count=int(turn.answer))
+        return _row(count=int(turn.bare_answer))
+    if turn.qtype == "presence":  # how many match, which says yes or no
+        return _row(count=len(turn.counted))
     if turn.qtype == "text":
-        return _row(glyph=vocab.GLYPHS.index(turn.answer))
+        return _row(glyph=vocab.GLYPHS.index(turn.bare_answer))
     return None
 
 

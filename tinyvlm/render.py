@@ -3,6 +3,7 @@
 import io
 import math
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from tinyvlm.scene import Glyph, Obj, Scene, ink
 
 Point = tuple[float, float]
-OUTLINE = 0.04  # outline width, as a fraction of the smaller cell side
+FONTS_DIR = Path(__file__).resolve().parent / "fonts"
 
 
 def _regular(cx: float, cy: float, r: float, n: int, phase: float) -> list[Point]:
@@ -79,32 +80,45 @@ def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, scene: Scene, width: int, 
     edge whatever its fill and background: without it, the vision tower's linear patch embedding
     had to learn each shape anew for every colour on every background (tinyvlm/README.md)."""
     cx, cy, r = object_geometry(obj, width, height)
-    line = max(2, round(_cell_box(obj.cell, width, height)[2] * OUTLINE))  # 2 px on the smallest pictures
-    outline = ink(scene.background)
+    line = max(2, round(_cell_box(obj.cell, width, height)[2] * scene.outline_width))  # 2 px at least
+    outline = _outline_colour(obj, scene)
+    if outline is None:
+        line = 0
     if obj.shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb, outline=outline, width=line)
     else:
         draw.polygon(polygon(obj.shape, cx, cy, r), fill=obj.rgb, outline=outline, width=line)
 
 
-@lru_cache(maxsize=64)
-def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    return ImageFont.load_default(size=size)
+def _outline_colour(obj: Obj, scene: Scene) -> tuple[int, int, int] | None:
+    if scene.outline == "none":
+        return None
+    if scene.outline == "shade":  # a darker shade of the fill
+        r, g, b = (round(c * 0.55) for c in obj.rgb)
+        return r, g, b
+    return ink(scene.background)
 
 
-def _glyph_font(glyph: Glyph, width: int, height: int) -> tuple[float, float, Any]:
+@lru_cache(maxsize=256)
+def _font(size: int, name: str = "default") -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    if name == "default":
+        return ImageFont.load_default(size=size)
+    return ImageFont.truetype(str(FONTS_DIR / f"{name}.ttf"), size=size)
+
+
+def _glyph_font(glyph: Glyph, width: int, height: int, font: str = "default") -> tuple[float, float, Any]:
     x, y, side = _cell_box(glyph.cell, width, height)
-    return x, y, _font(max(8, round(side * 0.8)))
+    return x, y, _font(max(8, round(side * 0.8)), font)
 
 
-def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int) -> None:
-    x, y, font = _glyph_font(glyph, width, height)
-    draw.text((x, y), glyph.char, fill=glyph.rgb, font=font, anchor="mm")
+def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int, font: str) -> None:
+    x, y, face = _glyph_font(glyph, width, height, font)
+    draw.text((x, y), glyph.char, fill=glyph.rgb, font=face, anchor="mm")
 
 
-def glyph_box(glyph: Glyph, width: int, height: int) -> tuple[float, float, float, float]:
+def glyph_box(glyph: Glyph, width: int, height: int, font: str = "default") -> tuple[float, float, float, float]:
     """The glyph's ink bounding box (left, top, right, bottom) in pixels."""
-    x, y, font = _glyph_font(glyph, width, height)
+    x, y, font = _glyph_font(glyph, width, height, font)
     return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=font, anchor="mm")
 
 
@@ -113,8 +127,31 @@ def _background(scene: Scene, width: int, height: int) -> np.ndarray:
     ramp = scene.gradient[0] * (xs / max(1, width - 1) - 0.5) + scene.gradient[1] * (
         ys / max(1, height - 1) - 0.5
     )
+    ramp = ramp + _texture(scene, xs, ys, min(width, height))
     base = np.asarray(scene.background, dtype=np.float32)[None, None, :] + ramp[..., None]
     return np.clip(base, 0, 255)
+
+
+def _texture(scene: Scene, xs: np.ndarray, ys: np.ndarray, side: int) -> np.ndarray | float:
+    """A light pattern over the background, in grey levels (none for "plain")."""
+    period = max(4.0, side / 24)
+    if scene.texture == "stripes":
+        return 7.0 * np.sign(np.sin((xs + ys) * math.pi / period))
+    if scene.texture == "checks":
+        return 6.0 * np.sign(np.sin(xs * math.pi / period) * np.sin(ys * math.pi / period))
+    if scene.texture == "blotches":
+        return 8.0 * np.sin(xs * 2.1 / period + 1.3) * np.sin(ys * 1.7 / period + 0.4)
+    if scene.texture == "vignette":
+        dx, dy = xs / max(1, xs.shape[1] - 1) - 0.5, ys / max(1, ys.shape[0] - 1) - 0.5
+        return -40.0 * (dx * dx + dy * dy)
+    return 0.0
+
+
+def _draw_frame(draw: ImageDraw.ImageDraw, scene: Scene, width: int, height: int) -> None:
+    if scene.frame is None:
+        return
+    line = max(1, round(min(width, height) * scene.frame_width))
+    draw.rectangle((0, 0, width - 1, height - 1), outline=scene.frame, width=line)
 
 
 def _add_noise(pixels: np.ndarray, sigma: float, seed: int) -> np.ndarray:
@@ -132,10 +169,11 @@ def render(scene: Scene, scale: float = 1.0, seed: int = 0) -> Image.Image:
     width, height = max(1, round(scene.width * scale)), max(1, round(scene.height * scale))
     image = Image.fromarray(_background(scene, width, height).astype(np.uint8))
     draw = ImageDraw.Draw(image)
+    _draw_frame(draw, scene, width, height)
     for obj in scene.objects:
         _draw_object(draw, obj, scene, width, height)
     if scene.glyph is not None:
-        _draw_glyph(draw, scene.glyph, width, height)
+        _draw_glyph(draw, scene.glyph, width, height, scene.font)
     return Image.fromarray(_add_noise(np.asarray(image), scene.noise * scale, seed))
 
 

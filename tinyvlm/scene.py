@@ -52,6 +52,13 @@ class Scene:
     glyph: Glyph | None
     fmt: str  # "png" or "jpeg"
     quality: int  # JPEG quality
+    # How the picture is drawn, beyond what it shows (``SceneSpec.variety``; defaults: the first look).
+    texture: str = "plain"  # see TEXTURES
+    frame: tuple[int, int, int] | None = None  # a border in this colour
+    frame_width: float = 0.0  # as a share of the picture's smaller side
+    outline: str = "ink"  # see OUTLINES
+    outline_width: float = 0.04  # as a share of the smaller cell side
+    font: str = "default"  # the glyph's font, see FONTS
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,22 @@ class SceneSpec:
     # Training's polish stage only: extra turns on what the model gets wrong most (attributes asked
     # through "the shape left of ..." references, counts of one colour or shape).
     drills: bool = False
+    # Pictures as people draw them: objects anywhere in their cell, wider aspect ratios, textures,
+    # frames, colour shades, outline styles, several glyph fonts, any JPEG quality. Off, scenes are
+    # drawn exactly as for the first model (the held-out set stays the same pictures).
+    variety: bool = False
 
 
-TRAIN_SPEC = SceneSpec()
+LEGACY_SPEC = SceneSpec()
+TRAIN_SPEC = SceneSpec(variety=True)
 WIDE_SPEC = SceneSpec(object_weights=(0, 0, 0, 1, 2, 3), glyph_prob=0.6, extreme_sizes=True)
+TEXTURES = ("plain", "stripes", "checks", "blotches", "vignette")
+OUTLINES = ("ink", "none", "shade")
+# Glyph fonts in training ("default": Pillow's own); tinyvlm/fonts holds the files.
+FONTS = ("default", "DejaVuSans-Bold", "DejaVuSans", "DejaVuSansMono", "DejaVuSerif")
+HELD_OUT_FONT = "DejaVuSansCondensed-Oblique"  # the eval's other-font row; never in training
+VARIETY_SLACK = 0.9  # an object's centre may stray this share of the room left in its cell
+VARIETY_ASPECT = 2.2
 
 
 def _side(rng: random.Random, spec: SceneSpec) -> int:
@@ -86,9 +105,10 @@ def _side(rng: random.Random, spec: SceneSpec) -> int:
 
 def sample_size(rng: random.Random, spec: SceneSpec) -> tuple[int, int]:
     """Width and height in [96, 1024] with aspect ratio at most ``spec.max_aspect``."""
+    max_aspect = VARIETY_ASPECT if spec.variety else spec.max_aspect
     while True:
         width, height = _side(rng, spec), _side(rng, spec)
-        if max(width, height) / min(width, height) <= spec.max_aspect:
+        if max(width, height) / min(width, height) <= max_aspect:
             return width, height
 
 
@@ -103,10 +123,10 @@ def ink(background: tuple[int, int, int]) -> tuple[int, int, int]:
     return (245, 245, 245) if sum(background) < 384 else (15, 15, 15)
 
 
-def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0) -> Obj:
+def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0, variety: bool = False) -> Obj:
     size = rng.choice(vocab.SIZES)
     radius = rng.uniform(*(BIG_RADIUS if size == "big" else SMALL_RADIUS)) * radius_scale
-    slack = max(0.0, 0.5 - radius) * CENTRE_SLACK
+    slack = max(0.0, 0.5 - radius) * (VARIETY_SLACK if variety else CENTRE_SLACK)
     colour = rng.choice(list(vocab.COLOURS))
     return Obj(
         shape=rng.choice(vocab.SHAPES),
@@ -116,8 +136,31 @@ def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0) -> Obj:
         dx=rng.uniform(-slack, slack),
         dy=rng.uniform(-slack, slack),
         radius=radius,
-        rgb=_jitter(vocab.COLOURS[colour], rng, 12),
+        rgb=_shade(vocab.COLOURS[colour], rng) if variety else _jitter(vocab.COLOURS[colour], rng, 12),
     )
+
+
+def _shade(rgb: tuple[int, int, int], rng: random.Random) -> tuple[int, int, int]:
+    """A lighter or darker shade of a colour, jittered: still read as the same colour name."""
+    factor = rng.uniform(0.82, 1.1)
+    shaded = tuple(min(255, round(c * factor)) for c in rgb)
+    return _jitter((shaded[0], shaded[1], shaded[2]), rng, 18)
+
+
+def _looks(rng: random.Random, background: tuple[int, int, int]) -> dict:
+    """The drawing style of a varied scene (Scene's texture, frame, outline and font fields)."""
+    frame = None
+    if rng.random() < 0.3:
+        frame = rng.choice([(15, 15, 15), (245, 245, 245), (120, 120, 120), *vocab.COLOURS.values()])
+    return {
+        "texture": rng.choice(TEXTURES),
+        "frame": frame,
+        "frame_width": rng.uniform(0.01, 0.05),
+        "outline": rng.choices(OUTLINES, weights=(2, 1, 1))[0],
+        "outline_width": rng.uniform(0.02, 0.07),
+        "font": rng.choice(FONTS),
+        "quality": rng.randint(25, 95),
+    }
 
 
 def _repeat_attributes(objects: list[Obj], rng: random.Random, chance: float) -> list[Obj]:
@@ -145,10 +188,10 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
         glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink(background))
     fmt = rng.choice(("png", "jpeg"))
     gradient, noise = (rng.uniform(-25, 25), rng.uniform(-25, 25)), rng.uniform(2.0, 10.0)
-    objects = [_object(rng, cell, spec.radius_scale) for cell in cells[:n]]
+    objects = [_object(rng, cell, spec.radius_scale, spec.variety) for cell in cells[:n]]
     if spec.repeat:  # no extra draws otherwise: the other specs' scenes stay as they were
         objects = _repeat_attributes(objects, rng, spec.repeat)
-    return Scene(
+    scene = Scene(
         width=width,
         height=height,
         background=background,
@@ -159,3 +202,4 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
         fmt=fmt,
         quality=rng.randint(70, 95),
     )
+    return replace(scene, **_looks(rng, background)) if spec.variety else scene

@@ -5,12 +5,14 @@ corpus of every phrasing and answer, so questions are short in tokens. The corpu
 ordered, so the tokenizer is identical on every run.
 """
 
+import json
 from collections.abc import Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tinyvlm import templates, vocab
+from tinyvlm import grammar, templates, vocab
+from tinyvlm import phrasebook as pb
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -29,13 +31,13 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|end_of_video|>",
     "<|video|>",
 )
-VOCAB_SIZE = 640
+VOCAB_SIZE = 1024
 
 # Jinja chat template: inserts the default system prompt when the conversation has none, renders
 # {"type": "image"} parts as one image placeholder (the processor expands it to the real count),
 # and ends every assistant turn with EOS so generation stops there.
 CHAT_TEMPLATE = (
-    "{%- set default_system = " + repr(vocab.DEFAULT_SYSTEM_PROMPT).replace("'", '"') + " -%}"
+    "{%- set default_system = " + json.dumps(vocab.DEFAULT_SYSTEM_PROMPT) + " -%}"
     "{%- if not messages or messages[0]['role'] != 'system' -%}"
     "<|system|>{{ default_system }}"
     "{%- endif -%}"
@@ -57,10 +59,31 @@ def _fill(phrasing: str) -> Iterator[str]:
     for colour in vocab.COLOURS:
         for shape in vocab.SHAPES:
             ref = f"the {colour} {shape}"
-            yield phrasing.format(ref=ref, other=f"the {shape}", what=templates.plural(shape))
-            yield phrasing.format(ref=f"the {colour} shape", other=ref, what=f"{colour} shapes")
+            yield phrasing.format(ref=ref, other=f"the {shape}", what=templates.plural(shape), obj=f"a {shape}")
+            yield phrasing.format(
+                ref=f"the {colour} shape", other=ref, what=f"{colour} shapes", obj=f"a {colour} shape"
+            )
     for phrase in templates.CELL_PHRASES.values():
-        yield phrasing.format(ref=f"the shape {phrase}", other="the circle", what="shapes")
+        yield phrasing.format(ref=f"the shape {phrase}", other="the circle", what="shapes", obj="a shape")
+
+
+def _words() -> Iterator[str]:
+    """The training grammar's words (never its held-out families): references, fillers, noise."""
+    for kind in pb.CORES:
+        for template in grammar.training_templates(kind):
+            text = template.format(ref="the red circle", other="the blue star", what="red shapes", obj="a star")
+            yield text
+            yield text.upper()
+    for phrases in pb.CELL_PHRASES.values():
+        yield from (f"the shape {p}" for p in phrases)
+    for words in pb.NEIGHBOUR_WORDS.values():
+        yield from (f"the object {w} the circle" for w in words)
+    yield from pb.SHAPE_NOUNS + pb.PLURAL_SHAPE_NOUNS + pb.PRONOUNS + pb.SYSTEM_PROMPTS
+    yield from (s.replace("{noun}", n) for s in pb.SHORT_FOLLOW_UPS for ns in pb.ATTRIBUTE_NOUNS.values() for n in ns)
+    yield from (q.format(ref="the star") for q in pb.UNKNOWN_QUESTIONS[0])
+    yield from pb.UNKNOWN_THINGS[0] + pb.UNKNOWN_PLURALS[0] + pb.JSON_INSTRUCTIONS
+    yield from (f'{{"{key}":"red"}}' for keys in pb.JSON_KEYS.values() for key in keys)
+    yield from [pb.CANNOT_TELL, "yes", "no", "please", ", please", "Please, "] * 10
 
 
 def corpus() -> Iterator[str]:
@@ -70,6 +93,7 @@ def corpus() -> Iterator[str]:
         for options in table.values():
             for phrasing in options:
                 yield from _fill(phrasing)
+    yield from _words()
     answers = [*vocab.SHAPES, *vocab.COLOURS, *vocab.SIZES, *vocab.CELL_NAMES.values(), *vocab.RELATIONS]
     yield from answers * 20
     yield from [str(n) for n in range(vocab.MAX_OBJECTS + 1)] * 20

@@ -56,8 +56,8 @@ CURRICULUM = (
 
 @dataclass(frozen=True)
 class TrainConfig:
-    examples: int = 10000
-    steps: int = 2000
+    examples: int = 15000
+    steps: int = 2600
     batch: int = 16
     lr: float = 1.2e-3
     warmup: int = 30

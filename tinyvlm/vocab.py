@@ -42,5 +42,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "triangle, star or cross, in eight colours, small or big, placed on a three "
     "by three grid. Some pictures also show one large digit or letter. Answer with one or two words "
     "or a number, with no full stop. If the user asks a follow-up "
-    "question, it is about the same object as before."
+    "question, it is about the same object as before. If a question is about anything else, "
+    "answer I can't tell."
 )

@@ -1,0 +1,233 @@
+"""Conversations in people's words (``tinyvlm.grammar``): every question type of
+``tinyvlm.questions`` plus "Is there a star?" (yes/no), questions the model cannot answer
+("I can't tell"), and answers asked for as JSON.
+
+``tinyvlm.questions`` keeps the first model's six phrasings per type: the eval's held-out set is
+drawn through it unchanged, so its figures compare across models.
+"""
+
+import random
+from dataclasses import dataclass, replace
+
+from tinyvlm import grammar, vocab
+from tinyvlm import phrasebook as pb
+from tinyvlm.grammar import Split
+from tinyvlm.questions import ATTRIBUTES, LEAKS, NEIGHBOURS, Mention, Turn
+from tinyvlm.scene import Obj, Scene
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a conversation is asked: which families, and how often noise and JSON appear."""
+
+    split: Split = Split.TRAIN
+    noise: bool = True
+    json_share: float = 0.06
+    unknown_weight: float = 0.8
+
+
+TRAINING = Style()
+HELD_OUT_FAMILIES = Style(Split.HELD_OUT, noise=False, json_share=0.0, unknown_weight=0.0)
+PLAIN = Style(noise=False, json_share=0.0, unknown_weight=0.0)  # training families, no noise
+
+
+def _plain_refs(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, str]:
+    """References naming ``obj`` by its own unique colour and/or shape, in varied words."""
+    others = [o for o in scene.objects if o is not obj]
+    refs = {}
+    if all(o.colour != obj.colour for o in others):
+        refs["colour"] = f"the {obj.colour} {grammar.shape_noun(rng)}"
+    if all(o.shape != obj.shape for o in others):
+        refs["shape"] = f"the {obj.shape}"
+    if all((o.colour, o.shape) != (obj.colour, obj.shape) for o in others):
+        refs["colour_shape"] = f"the {obj.colour} {obj.shape}"
+    return refs
+
+
+def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Mention] | None:
+    """'the shape to the left of the red circle': the anchor sits in the adjacent cell."""
+    options = []
+    for word, (dc, dr) in NEIGHBOURS.items():
+        anchor_cell = (obj.cell[0] - dc, obj.cell[1] - dr)
+        for anchor in scene.objects:
+            plain = _plain_refs(anchor, scene, rng)
+            if anchor.cell == anchor_cell and plain:
+                anchor_text = rng.choice(sorted(plain.values()))
+                said = rng.choice(pb.NEIGHBOUR_WORDS[word])
+                options.append((f"the {grammar.shape_noun(rng)} {said} {anchor_text}", Mention(anchor_text, anchor)))
+    return rng.choice(options) if options else None
+
+
+def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:
+    """Reference kind -> (text, the plain references inside it, the object itself included)."""
+    refs = {kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene, rng).items()}
+    cell = grammar.cell_phrase(vocab.CELL_NAMES[obj.cell], rng)
+    position = f"the {grammar.shape_noun(rng)} {cell}"
+    refs["position"] = (position, (Mention(position, obj),))
+    relative = _relative_ref(obj, scene, rng)
+    if relative is not None:
+        refs["relative"] = (relative[0], (relative[1],))
+    return refs
+
+
+def _answer(obj: Obj, attr: str) -> str:
+    return vocab.CELL_NAMES[obj.cell] if attr == "position" else str(getattr(obj, attr))
+
+
+def ask_attribute(obj: Obj, attr: str, scene: Scene, rng: random.Random, split: Split) -> Turn | None:
+    refs = {k: v for k, v in references(obj, scene, rng).items() if k not in LEAKS[attr]}
+    if not refs:
+        return None
+    ref, mentions = refs[rng.choice(sorted(refs))]
+    said = grammar.phrasing(attr, rng, split)
+    question = grammar.fill(said.template, ref=ref)
+    return Turn(question, _answer(obj, attr), attr, False, said.held_out, mentions, obj, family=said.family)
+
+
+def ask_follow_up(obj: Obj, attr: str, rng: random.Random, split: Split) -> Turn:
+    said = grammar.follow_up(attr, rng, split)
+    question = grammar.fill(said.template)
+    return Turn(question, _answer(obj, attr), attr, True, said.held_out, about=obj, family=said.family)
+
+
+def _kind_phrase(scene: Scene, rng: random.Random) -> tuple[str, str, tuple[Obj, ...]]:
+    """A kind of object, as a plural ("red shapes") and a singular indefinite ("a red shape"), and the
+    objects of the scene of that kind: all, one colour, one shape, or one colour and shape."""
+    objs = scene.objects
+    roll = rng.random()
+    if roll < 0.3:
+        noun = rng.choice([n for n in pb.SHAPE_NOUNS if n != "one"])
+        return grammar.shapes_noun(rng), ("an " if noun[0] in "aeiou" else "a ") + noun, objs
+    colour = rng.choice([o.colour for o in objs] + [rng.choice(list(vocab.COLOURS))])
+    shape = rng.choice([o.shape for o in objs] + [rng.choice(vocab.SHAPES)])
+    article = "an" if colour[0] in "aeiou" else "a"
+    if roll < 0.6:
+        counted = tuple(o for o in objs if o.colour == colour)
+        return f"{colour} {grammar.shapes_noun(rng)}", f"{article} {colour} {grammar.shape_noun(rng)}", counted
+    if roll < 0.85:
+        shape_article = "an" if shape[0] in "aeiou" else "a"
+        return _plural(shape), f"{shape_article} {shape}", tuple(o for o in objs if o.shape == shape)
+    counted = tuple(o for o in objs if (o.colour, o.shape) == (colour, shape))
+    return f"{colour} {_plural(shape)}", f"{article} {colour} {shape}", counted
+
+
+def _plural(shape: str) -> str:
+    return shape + ("es" if shape.endswith("s") else "s")
+
+
+def ask_count(scene: Scene, rng: random.Random, split: Split) -> Turn:
+    plural, _, counted = _kind_phrase(scene, rng)
+    said = grammar.phrasing("count", rng, split)
+    question = grammar.fill(said.template, what=plural)
+    return Turn(question, str(len(counted)), "count", False, said.held_out, counted=counted, family=said.family)
+
+
+def ask_presence(scene: Scene, rng: random.Random, split: Split) -> Turn:
+    """"Is there a red circle?": yes or no. The question end counts the matches (``counted``)."""
+    _, single, counted = _kind_phrase(scene, rng)
+    said = grammar.phrasing("presence", rng, split)
+    question = grammar.fill(said.template, obj=single)
+    answer = "yes" if counted else "no"
+    return Turn(question, answer, "presence", False, said.held_out, counted=counted, family=said.family)
+
+
+def ask_relative(scene: Scene, rng: random.Random, split: Split) -> Turn | None:
+    named = [(o, _plain_refs(o, scene, rng)) for o in scene.objects]
+    named = [(o, refs) for o, refs in named if refs]
+    axis = rng.choice((0, 1))
+    pairs = [(a, b) for a in named for b in named if a[0] is not b[0] and a[0].cell[axis] != b[0].cell[axis]]
+    if not pairs:
+        return None
+    (a, a_refs), (b, b_refs) = rng.choice(pairs)
+    if axis == 0:
+        kind, answer = "relative_h", "left" if a.cell[0] < b.cell[0] else "right"
+    else:
+        kind, answer = "relative_v", "above" if a.cell[1] < b.cell[1] else "below"
+    said = grammar.phrasing(kind, rng, split)
+    ref, other = a_refs[rng.choice(sorted(a_refs))], b_refs[rng.choice(sorted(b_refs))]
+    question = grammar.fill(said.template, ref=ref, other=other)
+    mentions = (Mention(ref, a), Mention(other, b))
+    return Turn(question, answer, "relative", False, said.held_out, mentions, about=a, family=said.family)
+
+
+def ask_text(scene: Scene, rng: random.Random, split: Split) -> Turn | None:
+    if scene.glyph is None:
+        return None
+    said = grammar.phrasing("text", rng, split)
+    return Turn(grammar.fill(said.template), scene.glyph.char, "text", False, said.held_out, family=said.family)
+
+
+def ask_unknown(scene: Scene, rng: random.Random, split: Split) -> Turn:
+    """A question about something the model does not know, answered "I can't tell"."""
+    obj = rng.choice(scene.objects)
+    refs = _plain_refs(obj, scene, rng)
+    ref = rng.choice(sorted(refs.values())) if refs else "the shape"
+    question, family = grammar.unknown_question(rng, split, ref)
+    return Turn(question, pb.CANNOT_TELL, "unknown", False, split is Split.HELD_OUT, family=family)
+
+
+def as_json(turn: Turn, rng: random.Random) -> Turn:
+    instruction, answer = grammar.json_answer(turn.qtype, turn.answer, rng)
+    return replace(turn, question=turn.question + instruction, answer=answer, json=True, plain=turn.answer)
+
+
+def _fresh(scene: Scene, rng: random.Random, style: Style, done: set[str]) -> tuple[Turn, Obj | None]:
+    kinds = ("attribute", "count", "relative", "text", "presence", "unknown")
+    weights = (5, 1.5, 1.5, 1.5, 1.2, style.unknown_weight)
+    while True:
+        kind = rng.choices(kinds, weights=weights)[0]
+        if kind == "text" and "text" in done:
+            continue
+        if kind == "attribute":
+            obj = rng.choice(scene.objects)
+            turn = ask_attribute(obj, rng.choice(ATTRIBUTES), scene, rng, style.split)
+            if turn is not None:
+                return turn, obj
+        elif kind in ("count", "presence", "unknown"):
+            ask = {"count": ask_count, "presence": ask_presence, "unknown": ask_unknown}[kind]
+            return ask(scene, rng, style.split), None
+        else:
+            turn_or_none = (ask_relative if kind == "relative" else ask_text)(scene, rng, style.split)
+            if turn_or_none is not None:
+                return turn_or_none, None
+
+
+def dressed(turn: Turn, rng: random.Random, style: Style = TRAINING) -> Turn:
+    """The turn as typed: JSON asked for now and then, and surface noise."""
+    if style.json_share and rng.random() < style.json_share:
+        turn = as_json(turn, rng)
+    if style.noise:
+        turn = replace(turn, question=grammar.noisy(turn.question, rng))
+    return turn
+
+
+def conversation(scene: Scene, rng: random.Random, style: Style = TRAINING, n_turns: int | None = None) -> list[Turn]:
+    """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object."""
+    if n_turns is None:
+        n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
+    turns: list[Turn] = []
+    obj: Obj | None = None
+    asked: set[str] = set()
+    done: set[str] = set()
+    while len(turns) < n_turns:
+        remaining = [a for a in ATTRIBUTES if a not in asked]
+        if obj is not None and remaining and rng.random() < 0.7:
+            attr = rng.choice(remaining)
+            turns.append(dressed(ask_follow_up(obj, attr, rng, style.split), rng, style))
+            asked.add(attr)
+            continue
+        turn, obj = _fresh(scene, rng, style, done)
+        asked = {turn.qtype}
+        done.add(turn.qtype)
+        turns.append(dressed(turn, rng, style))
+    return turns
+
+
+def system_prompt(rng: random.Random) -> str | None:
+    """None (the template's default) most of the time, else a prompt of people's own."""
+    roll = rng.random()
+    if roll < 0.6:
+        return None
+    if roll < 0.7:
+        return vocab.DEFAULT_SYSTEM_PROMPT
+    return rng.choice(pb.SYSTEM_PROMPTS)
