@@ -167,7 +167,9 @@ def pointer_targets(
     return column("position"), column("layer"), column("head"), targets
 
 
-def make_example(processor: Any, scene: Scene, turns: list[Turn], seed: int, system: str | None = None) -> Example:
+def make_example(
+    processor: Any, scene: Scene, turns: list[Turn], seed: int, system: str | None = None
+) -> Example:
     text = processor.apply_chat_template(messages(turns, system=system), tokenize=False)
     enc = processor(text=[text], images=[render_for_training(scene, seed)], return_tensors="pt")
     ids = enc["input_ids"][0]

@@ -54,7 +54,9 @@ def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Ment
             if anchor.cell == anchor_cell and plain:
                 anchor_text = rng.choice(sorted(plain.values()))
                 said = rng.choice(pb.NEIGHBOUR_WORDS[word])
-                options.append((f"the {grammar.shape_noun(rng)} {said} {anchor_text}", Mention(anchor_text, anchor)))
+                options.append(
+                    (f"the {grammar.shape_noun(rng)} {said} {anchor_text}", Mention(anchor_text, anchor))
+                )
     return rng.choice(options) if options else None
 
 
@@ -103,7 +105,11 @@ def _kind_phrase(scene: Scene, rng: random.Random) -> tuple[str, str, tuple[Obj,
     article = "an" if colour[0] in "aeiou" else "a"
     if roll < 0.6:
         counted = tuple(o for o in objs if o.colour == colour)
-        return f"{colour} {grammar.shapes_noun(rng)}", f"{article} {colour} {grammar.shape_noun(rng)}", counted
+        return (
+            f"{colour} {grammar.shapes_noun(rng)}",
+            f"{article} {colour} {grammar.shape_noun(rng)}",
+            counted,
+        )
     if roll < 0.85:
         shape_article = "an" if shape[0] in "aeiou" else "a"
         return _plural(shape), f"{shape_article} {shape}", tuple(o for o in objs if o.shape == shape)
@@ -119,11 +125,13 @@ def ask_count(scene: Scene, rng: random.Random, split: Split) -> Turn:
     plural, _, counted = _kind_phrase(scene, rng)
     said = grammar.phrasing("count", rng, split)
     question = grammar.fill(said.template, what=plural)
-    return Turn(question, str(len(counted)), "count", False, said.held_out, counted=counted, family=said.family)
+    return Turn(
+        question, str(len(counted)), "count", False, said.held_out, counted=counted, family=said.family
+    )
 
 
 def ask_presence(scene: Scene, rng: random.Random, split: Split) -> Turn:
-    """"Is there a red circle?": yes or no. The question end counts the matches (``counted``)."""
+    """ "Is there a red circle?": yes or no. The question end counts the matches (``counted``)."""
     _, single, counted = _kind_phrase(scene, rng)
     said = grammar.phrasing("presence", rng, split)
     question = grammar.fill(said.template, obj=single)
@@ -154,7 +162,9 @@ def ask_text(scene: Scene, rng: random.Random, split: Split) -> Turn | None:
     if scene.glyph is None:
         return None
     said = grammar.phrasing("text", rng, split)
-    return Turn(grammar.fill(said.template), scene.glyph.char, "text", False, said.held_out, family=said.family)
+    return Turn(
+        grammar.fill(said.template), scene.glyph.char, "text", False, said.held_out, family=said.family
+    )
 
 
 def ask_unknown(scene: Scene, rng: random.Random, split: Split) -> Turn:
@@ -201,7 +211,9 @@ def dressed(turn: Turn, rng: random.Random, style: Style = TRAINING) -> Turn:
     return turn
 
 
-def conversation(scene: Scene, rng: random.Random, style: Style = TRAINING, n_turns: int | None = None) -> list[Turn]:
+def conversation(
+    scene: Scene, rng: random.Random, style: Style = TRAINING, n_turns: int | None = None
+) -> list[Turn]:
     """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object."""
     if n_turns is None:
         n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]

@@ -57,7 +57,9 @@ def training_templates(kind: str) -> list[str]:
 
 def phrasing(kind: str, rng: random.Random, split: Split) -> Phrasing:
     """A template for a question of ``kind`` (a key of ``phrasebook.CORES``)."""
-    options = [(f, c, t) for f, c, t in _PAIRS[kind] if (_held(f, c) is not None) == (split is Split.HELD_OUT)]
+    options = [
+        (f, c, t) for f, c, t in _PAIRS[kind] if (_held(f, c) is not None) == (split is Split.HELD_OUT)
+    ]
     frame, core, template = rng.choice(options)
     family = _held(frame, core)
     return Phrasing(template, family or "seen", family is not None)

@@ -168,8 +168,14 @@ FRAMES: dict[str, tuple[str, ...]] = {
 COUNT_IMPERATIVES = ("Count the {what}.", "Count all the {what}.", "Please count the {what}.")
 
 HELD_OUT_FRAMES = frozenset(
-    {"Quick question: {A}?", "{A}, do you know?", "Give me {B}.", "Could you name {B}?", "Do you know {C}?",
-     "I wonder {C}."}
+    {
+        "Quick question: {A}?",
+        "{A}, do you know?",
+        "Give me {B}.",
+        "Could you name {B}?",
+        "Do you know {C}?",
+        "I wonder {C}.",
+    }
 )
 HELD_OUT_CORES = frozenset(
     {
@@ -210,7 +216,12 @@ CELL_PHRASES: dict[str, tuple[str, ...]] = {
     "left": ("on the left", "on the left side", "at the left", "in the middle left"),
     "centre": ("in the centre", "in the center", "in the middle", "at the centre"),
     "right": ("on the right", "on the right side", "at the right", "in the middle right"),
-    "bottom left": ("in the bottom left", "in the bottom-left corner", "at the bottom left", "in the lower left"),
+    "bottom left": (
+        "in the bottom left",
+        "in the bottom-left corner",
+        "at the bottom left",
+        "in the lower left",
+    ),
     "bottom": ("at the bottom", "at the bottom centre", "in the bottom middle", "at the bottom center"),
     "bottom right": (
         "in the bottom right",
@@ -227,7 +238,13 @@ NEIGHBOUR_WORDS = {
 }
 
 # Asked for JSON: an instruction appended to the question, and the answer's key per question type.
-JSON_INSTRUCTIONS = (" Answer in JSON.", " Reply with JSON.", " Respond in JSON.", " (JSON)", " As JSON please.")
+JSON_INSTRUCTIONS = (
+    " Answer in JSON.",
+    " Reply with JSON.",
+    " Respond in JSON.",
+    " (JSON)",
+    " As JSON please.",
+)
 JSON_KEYS = {
     "colour": ("colour", "color", "answer"),
     "shape": ("shape", "answer"),
@@ -254,8 +271,23 @@ SYSTEM_PROMPTS = (
 # shapes, and questions about anything else. The second list of each pair is held out of training.
 CANNOT_TELL = "I can't tell"
 UNKNOWN_THINGS = (
-    ("the background", "the sky", "the floor", "the wall", "the dog", "the car", "the tree", "the person",
-     "the house", "the hexagon", "the diamond", "the oval", "the heart", "the arrow", "the moon"),
+    (
+        "the background",
+        "the sky",
+        "the floor",
+        "the wall",
+        "the dog",
+        "the car",
+        "the tree",
+        "the person",
+        "the house",
+        "the hexagon",
+        "the diamond",
+        "the oval",
+        "the heart",
+        "the arrow",
+        "the moon",
+    ),
     ("the cat", "the table", "the sun", "the pentagon", "the grass", "the boat"),
 )
 UNKNOWN_PLURALS = (

@@ -116,7 +116,9 @@ def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int
     draw.text((x, y), glyph.char, fill=glyph.rgb, font=face, anchor="mm")
 
 
-def glyph_box(glyph: Glyph, width: int, height: int, font: str = "default") -> tuple[float, float, float, float]:
+def glyph_box(
+    glyph: Glyph, width: int, height: int, font: str = "default"
+) -> tuple[float, float, float, float]:
     """The glyph's ink bounding box (left, top, right, bottom) in pixels."""
     x, y, font = _glyph_font(glyph, width, height, font)
     return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=font, anchor="mm")

@@ -59,7 +59,9 @@ def _fill(phrasing: str) -> Iterator[str]:
     for colour in vocab.COLOURS:
         for shape in vocab.SHAPES:
             ref = f"the {colour} {shape}"
-            yield phrasing.format(ref=ref, other=f"the {shape}", what=templates.plural(shape), obj=f"a {shape}")
+            yield phrasing.format(
+                ref=ref, other=f"the {shape}", what=templates.plural(shape), obj=f"a {shape}"
+            )
             yield phrasing.format(
                 ref=f"the {colour} shape", other=ref, what=f"{colour} shapes", obj=f"a {colour} shape"
             )
@@ -71,7 +73,9 @@ def _words() -> Iterator[str]:
     """The training grammar's words (never its held-out families): references, fillers, noise."""
     for kind in pb.CORES:
         for template in grammar.training_templates(kind):
-            text = template.format(ref="the red circle", other="the blue star", what="red shapes", obj="a star")
+            text = template.format(
+                ref="the red circle", other="the blue star", what="red shapes", obj="a star"
+            )
             yield text
             yield text.upper()
     for phrases in pb.CELL_PHRASES.values():
@@ -79,7 +83,9 @@ def _words() -> Iterator[str]:
     for words in pb.NEIGHBOUR_WORDS.values():
         yield from (f"the object {w} the circle" for w in words)
     yield from pb.SHAPE_NOUNS + pb.PLURAL_SHAPE_NOUNS + pb.PRONOUNS + pb.SYSTEM_PROMPTS
-    yield from (s.replace("{noun}", n) for s in pb.SHORT_FOLLOW_UPS for ns in pb.ATTRIBUTE_NOUNS.values() for n in ns)
+    yield from (
+        s.replace("{noun}", n) for s in pb.SHORT_FOLLOW_UPS for ns in pb.ATTRIBUTE_NOUNS.values() for n in ns
+    )
     yield from (q.format(ref="the star") for q in pb.UNKNOWN_QUESTIONS[0])
     yield from pb.UNKNOWN_THINGS[0] + pb.UNKNOWN_PLURALS[0] + pb.JSON_INSTRUCTIONS
     yield from (f'{{"{key}":"red"}}' for keys in pb.JSON_KEYS.values() for key in keys)
