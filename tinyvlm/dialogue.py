@@ -62,7 +62,9 @@ def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Ment
 
 def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:
     """Reference kind -> (text, the plain references inside it, the object itself included)."""
-    refs = {kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene, rng).items()}
+    refs: dict[str, tuple[str, tuple[Mention, ...]]] = {
+        kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene, rng).items()
+    }
     cell = grammar.cell_phrase(vocab.CELL_NAMES[obj.cell], rng)
     position = f"the {grammar.shape_noun(rng)} {cell}"
     refs["position"] = (position, (Mention(position, obj),))
@@ -181,7 +183,10 @@ def as_json(turn: Turn, rng: random.Random) -> Turn:
     return replace(turn, question=turn.question + instruction, answer=answer, json=True, plain=turn.answer)
 
 
-def _fresh(scene: Scene, rng: random.Random, style: Style, done: set[str]) -> tuple[Turn, Obj | None]:
+def fresh_question(
+    scene: Scene, rng: random.Random, style: Style, done: frozenset[str] | set[str] = frozenset()
+) -> tuple[Turn, Obj | None]:
+    """A new (not follow-up) question of any type; returns the object it is about, if any."""
     kinds = ("attribute", "count", "relative", "text", "presence", "unknown")
     weights = (5, 1.5, 1.5, 1.5, 1.2, style.unknown_weight)
     while True:
@@ -228,7 +233,7 @@ def conversation(
             turns.append(dressed(ask_follow_up(obj, attr, rng, style.split), rng, style))
             asked.add(attr)
             continue
-        turn, obj = _fresh(scene, rng, style, done)
+        turn, obj = fresh_question(scene, rng, style, done)
         asked = {turn.qtype}
         done.add(turn.qtype)
         turns.append(dressed(turn, rng, style))

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from tinyvlm import questions, render
+from tinyvlm import questions, render, second_renderer
 from tinyvlm.questions import Turn
-from tinyvlm.scene import TRAIN_SPEC, WIDE_SPEC, Scene, SceneSpec, sample_scene
+from tinyvlm.scene import LEGACY_SPEC, WIDE_SPEC, Scene, SceneSpec, sample_scene
 
 HELDOUT_SEED = 20261129  # training uses 1234; per-example streams never meet
 WIDE_SEED = 777
@@ -27,14 +27,17 @@ class EvalSet:
     min_questions: int
 
 
-HELDOUT = EvalSet("heldout", TRAIN_SPEC, HELDOUT_SEED, 2000)
-WIDE = EvalSet("wide", WIDE_SPEC, WIDE_SEED, 1000)
+# The first model's sets, unchanged: the same pictures and questions as when it was evaluated.
+HELDOUT = EvalSet("heldout", LEGACY_SPEC, HELDOUT_SEED, 2000)
+WIDE = EvalSet("wide", WIDE_SPEC, WIDE_SEED, 600)
 
 
 @dataclass(frozen=True)
 class Item:
     scene: Scene
     turns: list[Turn]
+    system: str | None = None  # None: the chat template's default
+    renderer: str = "first"  # "first" (tinyvlm.render) or "second" (tinyvlm.second_renderer)
 
 
 def items(eval_set: EvalSet, min_questions: int | None = None) -> Iterator[Item]:
@@ -52,5 +55,8 @@ def items(eval_set: EvalSet, min_questions: int | None = None) -> Iterator[Item]
 
 def client_image(item: Item, seed: int = 0) -> Image.Image:
     """Full-size rendering, encoded as the scene's PNG/JPEG and decoded like a server would."""
-    data = render.encode(render.render(item.scene, 1.0, seed=seed), item.scene)
+    if item.renderer == "second":
+        data = second_renderer.encode(second_renderer.draw(item.scene, seed), item.scene)
+    else:
+        data = render.encode(render.render(item.scene, 1.0, seed=seed), item.scene)
     return Image.open(io.BytesIO(data)).convert("RGB")

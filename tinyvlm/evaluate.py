@@ -10,6 +10,7 @@ Every mode answers the same images; the modes are loaded with ``services.vlm.loa
 
 import argparse
 import json
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,8 +22,9 @@ from tqdm import tqdm
 import services  # noqa: F401  (registers the processor)
 from services.vlm.loading import load_model
 from services.vlm.quantization import model_size_bytes
-from tinyvlm import data, evalsets
-from tinyvlm.evalsets import EvalSet, Item
+from tinyvlm import data, evalrows, evalsets
+from tinyvlm.evalrows import Row
+from tinyvlm.evalsets import Item
 from tinyvlm.questions import Turn
 
 MODES = ("none", "bf16", "int8", "int4")
@@ -31,34 +33,57 @@ LABELS = {"none": "fp32", "bf16": "bf16", "int8": "int8", "int4": "int4"}
 
 @torch.inference_mode()
 def answer_batch(
-    model: Any, processor: Any, images: list[Any], histories: list[list[dict[str, Any]]]
+    model: Any,
+    processor: Any,
+    images: list[Any],
+    histories: list[list[dict[str, Any]]],
+    max_new_tokens: int = 6,
 ) -> list[str]:
     """Greedy answers for a batch of conversations (left-padded)."""
     texts = [processor.apply_chat_template(h, add_generation_prompt=True, tokenize=False) for h in histories]
     inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
     inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-    out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     new = out[:, inputs["input_ids"].shape[1] :]
     return [a.strip() for a in processor.batch_decode(new, skip_special_tokens=True)]
 
 
 def run_conversations(
-    model: Any, processor: Any, convs: list[list[Turn]], images: list[Any]
+    model: Any,
+    processor: Any,
+    convs: list[list[Turn]],
+    images: list[Any],
+    systems: list[str | None] | None = None,
 ) -> list[list[str]]:
     """Answers turn by turn; each turn's history holds the model's previous answers."""
     answers: list[list[str]] = [[] for _ in convs]
+    systems = systems or [None] * len(convs)
+    offset = [0 if s is None else 1 for s in systems]
     for turn in range(max(len(turns) for turns in convs)):
         live = [i for i, turns in enumerate(convs) if len(turns) > turn]
         histories = []
         for i in live:
-            history = data.messages(convs[i][: turn + 1], with_answers=True)
+            history = data.messages(convs[i][: turn + 1], with_answers=True, system=systems[i])
             for k, given in enumerate(answers[i]):
-                history[2 * k + 1]["content"] = given
+                history[offset[i] + 2 * k + 1]["content"] = given
             histories.append(history[:-1])  # drop this turn's gold answer
-        given_now = answer_batch(model, processor, [images[i] for i in live], histories)
+        json_asked = any(convs[i][turn].json for i in live)
+        given_now = answer_batch(
+            model, processor, [images[i] for i in live], histories, max_new_tokens=14 if json_asked else 6
+        )
         for i, answer in zip(live, given_now, strict=True):
             answers[i].append(answer)
     return answers
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion, in percent."""
+    if n == 0:
+        return 0.0, 0.0
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(100 * (centre - half), 2), round(100 * (centre + half), 2)
 
 
 class Tally:
@@ -71,7 +96,7 @@ class Tally:
 
     def add(self, item: Item, answers: list[str]) -> None:
         for turn_index, (turn, given) in enumerate(zip(item.turns, answers, strict=True)):
-            ok = int(given == turn.answer)
+            ok = int(evalrows.answer_is_right(turn, given))
             if not ok:
                 self.errors.append(_error(item, turn_index, given))
             phrasing = "phrasing_held_out" if turn.held_out_phrasing else "phrasing_seen"
@@ -79,8 +104,11 @@ class Tally:
                 self.hits[key][0] += ok
                 self.hits[key][1] += 1
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        return {k: {"acc": round(100 * h / n, 2), "n": n} for k, (h, n) in sorted(self.hits.items())}
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return {
+            k: {"acc": round(100 * h / n, 2), "n": n, "ci95": wilson(h, n)}
+            for k, (h, n) in sorted(self.hits.items())
+        }
 
 
 def _error(item: Item, turn_index: int, given: str) -> dict[str, Any]:
@@ -97,19 +125,20 @@ def _error(item: Item, turn_index: int, given: str) -> dict[str, Any]:
     }
 
 
-def evaluate_set(
-    models: dict[str, tuple[Any, Any]], eval_set: EvalSet, batch: int, limit: int | None
+def evaluate_row(
+    models: dict[str, tuple[Any, Any]], row: Row, batch: int
 ) -> tuple[dict, dict[str, list[dict[str, Any]]]]:
     """Per mode: the accuracy summary, and the wrong answers."""
-    items = list(evalsets.items(eval_set, limit))
+    items = row.items
     tallies = {mode: Tally() for mode in models}
     seconds = dict.fromkeys(models, 0.0)
-    for start in tqdm(range(0, len(items), batch), desc=eval_set.name, unit="batch"):
+    for start in tqdm(range(0, len(items), batch), desc=row.name, unit="batch", leave=False):
         chunk = items[start : start + batch]
         images = [evalsets.client_image(item, seed=start + i) for i, item in enumerate(chunk)]
+        convs, systems = [item.turns for item in chunk], [item.system for item in chunk]
         for mode, (model, processor) in models.items():
             began = time.time()
-            answers = run_conversations(model, processor, [item.turns for item in chunk], images)
+            answers = run_conversations(model, processor, convs, images, systems)
             seconds[mode] += time.time() - began
             for item, given in zip(chunk, answers, strict=True):
                 tallies[mode].add(item, given)
@@ -117,21 +146,29 @@ def evaluate_set(
     return results, {mode: tallies[mode].errors for mode in models}
 
 
-def table(results: dict[str, dict[str, dict]], modes: list[str]) -> str:
-    """Markdown table: one row per metric; per set, its question count then one column per mode."""
-    keys = sorted({k for r in results.values() for m in modes for k in r[m] if k != "seconds"})
-    keys.sort(key=lambda k: (k != "overall", k.split("/")[0], k))
-    head = ["metric"]
-    for name in results:
-        head += [f"{name} n"] + [f"{name} {LABELS[m]}" for m in modes]
+def all_rows(limit: int | None) -> list[Row]:
+    """The first model's held-out and wide sets, then the people's-own-words rows."""
+    legacy = [Row(s.name, list(evalsets.items(s, limit))) for s in (evalsets.HELDOUT, evalsets.WIDE)]
+    return [*legacy, *evalrows.rows()]
+
+
+def table(results: dict[str, dict[str, dict]], rows: list[Row], modes: list[str]) -> str:
+    """Markdown table: one line per row: its question count, then accuracy (95 % interval) per mode,
+    and for a paired row its accuracy as a share of the unchanged row's (fp32)."""
+    head = ["row", "n", *(LABELS[m] for m in modes), "vs unchanged"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in keys:
-        cells = [key]
-        for r in results.values():
-            first = r[modes[0]].get(key)
-            cells.append(str(first["n"]) if first else "-")
-            cells += [f"{r[m][key]['acc']:.1f}" if key in r[m] else "-" for m in modes]
-        lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        by_mode = results[row.name]
+        cells = [row.name, str(by_mode[modes[0]]["overall"]["n"])]
+        for mode in modes:
+            overall = by_mode[mode]["overall"]
+            low, high = overall["ci95"]
+            cells.append(f"{overall['acc']:.1f} ({low:.1f}-{high:.1f})")
+        ratio = ""
+        if row.unchanged is not None:
+            base = results[row.unchanged][modes[0]]["overall"]["acc"]
+            ratio = f"{100 * by_mode[modes[0]]['overall']['acc'] / max(base, 1e-9):.1f} %"
+        lines.append("| " + " | ".join([*cells, ratio]) + " |")
     return "\n".join(lines)
 
 
@@ -142,29 +179,43 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("models/vlmq-tiny"))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=Path("runs/eval.json"))
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=48)
     parser.add_argument("--errors", type=Path, default=None, help="write every wrong answer here (JSONL)")
-    parser.add_argument("--limit", type=int, default=None, help="questions per set (default: 2000 / 1000)")
+    parser.add_argument("--limit", type=int, default=None, help="questions of the held-out/wide sets")
+    parser.add_argument(
+        "--rows", nargs="*", default=None, help="only rows whose name starts with one of these"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     models = {mode: load_model(args.model, quantize=mode) for mode in args.modes}
+    rows = all_rows(args.limit)
+    if args.rows is not None:
+        rows = [r for r in rows if any(r.name.startswith(p) for p in args.rows)]
     results, errors = {}, {}
-    for eval_set in (evalsets.HELDOUT, evalsets.WIDE):
-        results[eval_set.name], errors[eval_set.name] = evaluate_set(models, eval_set, args.batch, args.limit)
+    began = time.time()
+    for row in rows:
+        results[row.name], errors[row.name] = evaluate_row(models, row, args.batch)
+        print(
+            f"{row.name}: "
+            + ", ".join(f"{LABELS[m]} {results[row.name][m]['overall']['acc']:.1f}" for m in models)
+        )
     report = {
         "model": str(args.model),
+        "seconds": round(time.time() - began),
         "size_bytes": {LABELS[m]: model_size_bytes(models[m][0]) for m in args.modes},
-        "results": {s: {LABELS[m]: r[m] for m in args.modes} for s, r in results.items()},
+        "parameters": sum(p.numel() for p in models[args.modes[0]][0].parameters()),
+        "rows": {r.name: {"unchanged": r.unchanged} for r in rows},
+        "results": {name: {LABELS[m]: r[m] for m in args.modes} for name, r in results.items()},
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
-    if args.errors is not None:  # one line per wrong answer: set, mode, question, expected, given, scene
+    if args.errors is not None:  # one line per wrong answer: row, mode, question, expected, given, scene
         with args.errors.open("w") as out:
             for name, by_mode in errors.items():
                 for mode, wrong in by_mode.items():
                     out.writelines(json.dumps({"set": name, "mode": LABELS[mode], **e}) + "\n" for e in wrong)
-    print(table(results, args.modes))
-    print(f"wrote {args.json}")
+    print(table(results, rows, args.modes))
+    print(f"wrote {args.json} after {report['seconds']} s")
 
 
 if __name__ == "__main__":

@@ -120,8 +120,8 @@ def glyph_box(
     glyph: Glyph, width: int, height: int, font: str = "default"
 ) -> tuple[float, float, float, float]:
     """The glyph's ink bounding box (left, top, right, bottom) in pixels."""
-    x, y, font = _glyph_font(glyph, width, height, font)
-    return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=font, anchor="mm")
+    x, y, face = _glyph_font(glyph, width, height, font)
+    return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=face, anchor="mm")
 
 
 def _background(scene: Scene, width: int, height: int) -> np.ndarray:
