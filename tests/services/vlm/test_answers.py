@@ -46,14 +46,7 @@ def test_fixed_questions_fp32(loaded: Callable[[str], tuple[Any, Any]]) -> None:
     assert ask(loaded, "none") == expected()
 
 
-BF16_LOSS = pytest.mark.xfail(
-    strict=True,  # an XPASS fails: once bf16 answers like fp32 again, drop the mark
-    reason="vlmq-tiny's first-layer recency heads (tinyvlm.referents) carry q/k biases of ~58; "
-    "bf16 rounds them by up to 0.25, enough to move their attention (eval: 95.9 -> 82.5 %)",
-)
-
-
-@pytest.mark.parametrize("mode", [pytest.param("bf16", marks=BF16_LOSS), "int8", "int4"])
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
 def test_quantized_modes_load_and_agree_with_fp32(
     loaded: Callable[[str], tuple[Any, Any]], mode: str
 ) -> None:
