@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.common import draw_image, image_input
+from bench.common import draw_image, image_input, load_bundled
 from bench.engine_workloads import QUESTIONS as WORKLOAD_QUESTIONS
 from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
 from tests.services.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
@@ -54,6 +54,18 @@ def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_to
     for req, pngs in [*reqs, (text_only, [])]:
         check(batched[req.request_id], model, proc, req, pngs, bundled_tie_tol)
     assert max(engine.stats().batch_sizes) >= 8
+
+
+def test_bf16_batched_match_batch_of_one_reference(make_engine):
+    """bf16 mode is mixed precision (an fp32 first attention layer, an fp32 KV cache for it): batched
+    and prefix-cached answers still equal the bf16 model's own batch-of-one ``generate``."""
+    model, proc = load_bundled("bf16")
+    engine = make_engine(model, proc)
+    reqs = [_req(proc, i, ignore_eos=True) for i in range(6)]
+    batched = run_all(engine, [r for r, _ in reqs])
+    for req, pngs in reqs:
+        check(batched[req.request_id], model, proc, req, pngs)
+    assert max(engine.stats().batch_sizes) >= 6
 
 
 def test_mixed_image_sizes_in_one_batch(bundled, make_engine, bundled_tie_tol):

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from tinyvlm import evalsets
 from tinyvlm.evaluate import run_conversations
 from tinyvlm.examples import QUESTIONS
 from tinyvlm.questions import Turn
@@ -46,14 +47,7 @@ def test_fixed_questions_fp32(loaded: Callable[[str], tuple[Any, Any]]) -> None:
     assert ask(loaded, "none") == expected()
 
 
-BF16_LOSS = pytest.mark.xfail(
-    strict=True,  # an XPASS fails: once bf16 answers like fp32 again, drop the mark
-    reason="vlmq-tiny's first-layer recency heads (tinyvlm.referents) carry q/k biases of ~58; "
-    "bf16 rounds them by up to 0.25, enough to move their attention (eval: 95.9 -> 82.5 %)",
-)
-
-
-@pytest.mark.parametrize("mode", [pytest.param("bf16", marks=BF16_LOSS), "int8", "int4"])
+@pytest.mark.parametrize("mode", ["bf16", "int8", "int4"])
 def test_quantized_modes_load_and_agree_with_fp32(
     loaded: Callable[[str], tuple[Any, Any]], mode: str
 ) -> None:
@@ -62,3 +56,18 @@ def test_quantized_modes_load_and_agree_with_fp32(
     assert all(answers), (mode, answers)  # every question got a non-empty answer
     agree = sum(a == r for a, r in zip(answers, reference, strict=True))
     assert agree >= len(reference) - 1, (mode, answers, reference)
+
+
+def test_bf16_answers_held_out_questions_like_fp32(loaded: Callable[[str], tuple[Any, Any]]) -> None:
+    """Held-out conversations (41 questions, 6 of them counts): bf16 gives fp32's answer to all but
+    at most one. Casting the whole model to bf16 differed on about a fifth of them (76.6 vs 95.3 %
+    on the first 64, counting 38 vs 100 %)."""
+    items = list(evalsets.items(evalsets.HELDOUT, 40))
+    images = [evalsets.client_image(item, seed=i) for i, item in enumerate(items)]
+    convs = [item.turns for item in items]
+    fp32, bf16 = (
+        [a for conv in run_conversations(*loaded(mode), convs, images) for a in conv]
+        for mode in ("none", "bf16")
+    )
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(fp32, bf16, strict=True)) if a != b]
+    assert len(differ) <= 1, differ
