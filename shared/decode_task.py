@@ -33,6 +33,7 @@ DECODE_TASK = "vlmq.decode"
 DECODE_QUEUE = "decode"  # interactive work
 BATCH_QUEUE = "decode.batch"  # batch work: a decode worker takes it when ``decode`` is empty
 QUEUES = (DECODE_QUEUE, BATCH_QUEUE)  # in the order workers consume them
+MAX_CHILD_RSS_KB = 1_500_000  # a decode child's resident memory (KiB) before it is replaced
 
 
 def queue_for(priority: str) -> str:
@@ -66,7 +67,10 @@ def make_celery_app(
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
-        worker_max_tasks_per_child=1000,  # bounds any slow leak in image libraries
+        # A child is replaced when it grows past this (a slow leak in an image library), not every
+        # N tasks: children share the load evenly, so a task count recycled them all at once and
+        # every job queued meanwhile waited for the new children's warm-up (the soak's p99 spikes).
+        worker_max_memory_per_child=MAX_CHILD_RSS_KB,
         worker_disable_rate_limits=True,
         task_default_queue=DECODE_QUEUE,
         task_routes={DECODE_TASK: {"queue": DECODE_QUEUE}},

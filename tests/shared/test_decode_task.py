@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from shared.config import GatewaySettings
-from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, DecodeTasks
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, MAX_CHILD_RSS_KB, DecodeTasks
 
 IDS = ("id", "root_id", "correlation_id", "delivery_tag", "reply_to", "origin")
 
@@ -52,3 +52,12 @@ def test_envelope_matches_send_task(redis_url: str) -> None:
     finally:
         queue.close()
         r.close()
+
+
+def test_decode_children_are_replaced_by_memory_not_by_task_count(redis_url: str) -> None:
+    """A task-count limit recycled every child at about the same moment (they share the load
+    evenly), stalling the queue for the new children's warm-up: the soak's p99 spikes."""
+    settings = GatewaySettings(_env_file=None, redis_url=redis_url)  # type: ignore[call-arg]
+    conf = DecodeTasks(settings).app.conf
+    assert conf.worker_max_tasks_per_child is None
+    assert conf.worker_max_memory_per_child == MAX_CHILD_RSS_KB
