@@ -270,14 +270,27 @@ async def _openai_turns(
     digest_of = {url: image.info.digest for url, image in zip(urls, checked, strict=True)}
     turns: list[ChatTurn] = []
     for message, shown in zip(messages, turn_parts, strict=True):
-        texts = [p.text or "" for p in parts(message) if p.type in ("text", "input_text")]
+        text, image_at = _text_and_image_offsets(message)
         role = "system" if message.role == "developer" else message.role
         digests = [digest_of[url] for url in shown]
-        turns.append(ChatTurn(role=role, text="\n".join(texts), image=bool(digests), images=digests))
+        turns.append(ChatTurn(role=role, text=text, image=bool(digests), images=digests, image_at=image_at))
         _check_turn(turns[-1], settings)
     if turns[-1].role != "user":
         raise APIError(400, "messages: the last message must be from the user", param="messages")
     return turns, distinct(checked)
+
+
+def _text_and_image_offsets(message: ChatMessage) -> tuple[str, list[int]]:
+    """The message's text parts joined by newlines, and the offset in that text each image part
+    comes before (so text and images stay interleaved as sent)."""
+    texts: list[str] = []
+    image_at: list[int] = []
+    for part in parts(message):
+        if part.type in ("text", "input_text"):
+            texts.append(part.text or "")
+        else:
+            image_at.append(len("\n".join(texts)))
+    return "\n".join(texts), image_at
 
 
 def _image_parts(messages: list[ChatMessage]) -> tuple[list[str], list[str], list[list[str]]]:

@@ -57,16 +57,19 @@ class SamplingSpec(BaseModel):
 
 
 class ChatTurn(BaseModel):
-    """One message of a conversation: ``images`` are the digests of the images it shows (in order,
-    before its text), ``image`` whether it shows any. A turn of the previous release has ``image``
-    and no ``images``: it shows its job's ``image_digest``."""
+    """One message of a conversation: ``images`` are the digests of the images it shows (in order),
+    ``image`` whether it shows any. ``image_at`` says where each image sits in the message: the
+    offset in ``text`` it comes before (text and images interleaved as the client sent them);
+    without it every image comes before the text (a previous release ignores it and does that). A
+    turn of the previous release has ``image`` and no ``images``: it shows its job's ``image_digest``."""
 
     role: Literal["system", "user", "assistant"]
     text: str
     image: bool = False
     images: list[str] = Field(default_factory=list)
+    image_at: list[int] = Field(default_factory=list)
 
-    @field_validator("images", mode="before")
+    @field_validator("images", "image_at", mode="before")
     @classmethod
     def _lua_empty_list(cls, value: Any) -> Any:
         """Redis' cjson writes an empty list back as ``{}`` (APPEND_TURN_LUA re-encodes the turns)."""

@@ -13,17 +13,26 @@ from shared.tensors import TensorCodecError, unpack_images
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
-    """Hugging Face chat format: each turn's image parts (one per image it shows), then its text.
+    """Hugging Face chat format: each turn's image parts (one per image it shows) where the client
+    put them among its text (``ChatTurn.image_at``), else before it.
 
     No system message is invented: the chat template inserts the default system prompt.
     """
-    messages = []
-    for turn in turns:
-        shown = len(turn.images) or int(turn.image)  # a previous-release turn: its job's one image
-        content: list[dict[str, Any]] = [{"type": "image"} for _ in range(shown)]
-        content.append({"type": "text", "text": turn.text})
-        messages.append({"role": turn.role, "content": content})
-    return messages
+    return [{"role": turn.role, "content": content_parts(turn)} for turn in turns]
+
+
+def content_parts(turn: ChatTurn) -> list[dict[str, Any]]:
+    shown = len(turn.images) or int(turn.image)  # a previous-release turn: its job's one image
+    offsets = turn.image_at if len(turn.image_at) == shown else [0] * shown
+    content: list[dict[str, Any]] = []
+    start = 0
+    for at in offsets:
+        if at > start:
+            content.append({"type": "text", "text": turn.text[start:at]})
+            start = at
+        content.append({"type": "image"})
+    content.append({"type": "text", "text": turn.text[start:]})
+    return content
 
 
 def sampling_params(spec: SamplingSpec) -> SamplingParams:

@@ -120,6 +120,27 @@ async def test_openai_image_parts_name_their_images(
         await oai.chat.completions.create(model="vlmq-tiny", messages=messages, timeout=1)
     spec = spec_of(r, gateway, decode_tasks(r, gateway.key_prefix)[0])
     assert [t.images for t in spec.messages] == [DIGESTS[:2], [], [DIGESTS[2]]]
+    assert [t.image_at for t in spec.messages] == [[0, 0], [], [0]]
+    interleaved: Any = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Compare this:"},
+                part(PNGS[3]),
+                {"type": "text", "text": "with this:"},
+                part(PNGS[4]),
+                {"type": "text", "text": "Which is red?"},
+            ],
+        }
+    ]
+    with pytest.raises(openai.APITimeoutError):
+        await oai.chat.completions.create(model="vlmq-tiny", messages=interleaved, timeout=1)
+    turn = spec_of(r, gateway, decode_tasks(r, gateway.key_prefix)[0]).messages[0]
+    assert (turn.text, turn.images, turn.image_at) == (
+        "Compare this:\nwith this:\nWhich is red?",
+        DIGESTS[3:5],
+        [13, 24],
+    )
     too_many: Any = [{"role": "user", "content": [part(PNGS[i % 6]) for i in range(5)]}]
     with pytest.raises(openai.BadRequestError, match="limit"):
         await oai.chat.completions.create(model="vlmq-tiny", messages=too_many)

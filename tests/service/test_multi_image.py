@@ -94,3 +94,25 @@ async def test_images_added_across_stored_turns(
     assert view2["status"] == "done" and view2["final_text"] == reference.answer(
         spec2, [SHAPES, COUNT, THIRD]
     )
+
+
+async def test_text_and_images_interleaved_in_one_message(
+    service_stack: ServiceStack, reference: Reference
+) -> None:
+    """Images stay where the client put them among the text: the prompt the engine runs has them
+    there, and the answer is the batch-of-one answer to that prompt."""
+    content = [
+        {"type": "text", "text": "First"},
+        part(SHAPES),
+        {"type": "text", "text": "then"},
+        part(COUNT),
+        {"type": "text", "text": "What colour is the star?"},
+    ]
+    async with openai.AsyncOpenAI(base_url=f"{service_stack.base_url}/v1", api_key="sk-none") as oai:
+        done = await oai.chat.completions.create(
+            model=service_stack.settings.model_name, messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+            max_tokens=10, extra_headers=NO_CACHE,
+        )  # fmt: skip
+    spec = spec_of(service_stack, done.id)
+    assert spec.messages[0].image_at == [5, 10]
+    assert (done.choices[0].message.content or "") == reference.answer(spec, [SHAPES, COUNT])

@@ -34,6 +34,27 @@ def test_image_part_only_on_the_image_turn_and_no_invented_system_message() -> N
     ]
 
 
+def test_images_sit_where_the_client_put_them_among_the_text() -> None:
+    interleaved = ChatTurn(
+        role="user",
+        text="Compare this:\nwith this:\nWhich is red?",
+        image=True,
+        images=["a", "b"],
+        image_at=[13, 24],
+    )
+    assert chat_messages([interleaved])[0]["content"] == [
+        {"type": "text", "text": "Compare this:"},
+        {"type": "image"},
+        {"type": "text", "text": "\nwith this:"},
+        {"type": "image"},
+        {"type": "text", "text": "\nWhich is red?"},
+    ]
+    first = ChatTurn(role="user", text="Both?", image=True, images=["a", "b"], image_at=[0, 0])
+    unplaced = ChatTurn(role="user", text="Both?", image=True, images=["a", "b"])  # a previous release's turn
+    expected = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Both?"}]
+    assert chat_messages([first])[0]["content"] == chat_messages([unplaced])[0]["content"] == expected
+
+
 def test_sampling_and_request_fields_carry_over() -> None:
     spec = make_spec("hi", digest="d" * 64, deadline=123.0, conversation_id="s1", use_cache=False)
     spec.sampling = SamplingSpec(max_tokens=7, temperature=0.5, top_p=0.9, top_k=5, seed=3, stop=["\n"])
