@@ -68,6 +68,7 @@ async def test_json_schema_stream_and_not(service_stack: ServiceStack, reference
     text = full.choices[0].message.content or ""
     assert full.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(text), COLOUR)
+    assert json.loads(text) == {"colour": "red"}  # the bundled model answers in JSON (issue 21)
     assert streamed == text == reference.answer(spec_of(service_stack, full.id), SHAPES)
 
 
