@@ -72,11 +72,19 @@ def request_hash(
         "tenant": tenant,
         "model": model_id,
         "image": image_digest,
-        # a turn without images hashes as before multi-image turns existed
-        "messages": [m.model_dump(mode="json", exclude=None if m.images else {"images"}) for m in messages],
+        "messages": [_turn_fields(m) for m in messages],
         "sampling": knobs,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _turn_fields(turn: ChatTurn) -> dict[str, Any]:
+    """A turn as the key sees it: without images, or with its images before its text, it hashes
+    as before multi-image and interleaved turns existed (earlier releases' keys stay valid)."""
+    exclude = set() if turn.images else {"images"}
+    if not any(turn.image_at):
+        exclude.add("image_at")
+    return turn.model_dump(mode="json", exclude=exclude)
 
 
 def cacheable(spec: JobSpec) -> bool:

@@ -49,7 +49,8 @@ def request(proc: Any, rid: str, i: int, schema: Any = None, free: bool = False,
 
 def hf_reference(model: Any, proc: Any, req: GenerationRequest, pngs: list[bytes]) -> Any:
     """``model.generate`` batch of one, masked by xgrammar's own logits processor."""
-    info = xgr.TokenizerInfo.from_huggingface(proc.tokenizer, vocab_size=631, stop_token_ids=[0])
+    vocab_size = model.config.text_config.vocab_size  # the logits' width, not the tokenizer's length
+    info = xgr.TokenizerInfo.from_huggingface(proc.tokenizer, vocab_size=vocab_size, stop_token_ids=[0])
     spec = req.sampling.structured
     assert spec is not None
     schema = ANY_OBJECT if spec.kind == "json_object" else (spec.schema or "")

@@ -32,7 +32,7 @@ def test_default_system_prompt_inserted_and_turns_rendered(model_dir: Path) -> N
         "What shape is the red shape?<|assistant|>circle<|endoftext|><|user|>And its colour?<|assistant|>"
     )
     system_tokens = processor.tokenizer(DEFAULT_SYSTEM_PROMPT)["input_ids"]
-    assert 90 <= len(system_tokens) <= 130
+    assert 90 <= len(system_tokens) <= 160  # one shared prefix the prefix cache skips (145 tokens)
 
 
 def test_explicit_system_message_replaces_default(model_dir: Path) -> None:
