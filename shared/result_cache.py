@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
+from typing import Any
 from pathlib import Path
 
 from pydantic import BaseModel
