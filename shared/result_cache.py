@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
