@@ -26,6 +26,9 @@ class Job:
     tokens: list[tuple[int, str]] = field(default_factory=list)  # (index, text) in arrival order
     final: dict[str, Any] | None = None  # the terminal event
     resumes: int = 0
+    # The id of the last event read: kept here, not returned, so a read that fails mid-stream
+    # (the gateway lost Redis) resumes after what it did receive instead of receiving it twice.
+    last_id: str = "0"
 
 
 @dataclass
@@ -56,32 +59,31 @@ class Load:
 
     async def follow(self, job: Job, timeout_s: float = 300.0) -> None:
         """Read the job's events until its terminal one, disconnecting at random and resuming."""
-        last_id, deadline = "0", time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s
         while job.final is None and time.monotonic() < deadline:
             try:
-                last_id = await self._read(job, last_id, drop_after=self.rng.choice([1, 2, 3, None]))
+                await self._read(job, drop_after=self.rng.choice([1, 2, 3, None]))
             except (httpx.HTTPError, json.JSONDecodeError):
                 await asyncio.sleep(RETRY_S)  # the gateway lost Redis for a moment
             job.resumes += 1
 
-    async def _read(self, job: Job, last_id: str, drop_after: int | None) -> str:
-        headers = {"Last-Event-ID": last_id}
+    async def _read(self, job: Job, drop_after: int | None) -> None:
+        headers = {"Last-Event-ID": job.last_id}
         async with self.client.stream("GET", f"/v1/jobs/{job.job_id}/events", headers=headers) as resp:
             if resp.status_code != 200:
                 await asyncio.sleep(RETRY_S)
-                return last_id
+                return
             seen = 0
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 event = json.loads(line.removeprefix("data:").strip())
-                last_id = event["id"]
+                job.last_id = event["id"]
                 if event["type"] == "token":
                     job.tokens.append((event["index"], event["text"]))
                     seen += 1
                 elif event["type"] in ("done", "error") or event.get("status") in TERMINAL:
                     job.final = event
-                    return last_id
+                    return
                 if drop_after is not None and seen >= drop_after:
-                    return last_id  # the client goes away mid-stream and comes back
-        return last_id
+                    return  # the client goes away mid-stream and comes back
