@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from tinyvlm import grammar, vocab
 from tinyvlm import phrasebook as pb
 from tinyvlm.grammar import Split
-from tinyvlm.questions import ATTRIBUTES, LEAKS, NEIGHBOURS, Mention, Turn
+from tinyvlm.questions import ATTRIBUTES, LEAKS, Mention, Turn, plain_refs, relative_ref
 from tinyvlm.scene import Obj, Scene
 
 
@@ -33,31 +33,17 @@ PLAIN = Style(noise=False, json_share=0.0, unknown_weight=0.0)  # training famil
 
 def _plain_refs(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, str]:
     """References naming ``obj`` by its own unique colour and/or shape, in varied words."""
-    others = [o for o in scene.objects if o is not obj]
-    refs = {}
-    if all(o.colour != obj.colour for o in others):
-        refs["colour"] = f"the {obj.colour} {grammar.shape_noun(rng)}"
-    if all(o.shape != obj.shape for o in others):
-        refs["shape"] = f"the {obj.shape}"
-    if all((o.colour, o.shape) != (obj.colour, obj.shape) for o in others):
-        refs["colour_shape"] = f"the {obj.colour} {obj.shape}"
-    return refs
+    return plain_refs(obj, scene, lambda: grammar.shape_noun(rng))
 
 
 def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Mention] | None:
-    """'the shape to the left of the red circle': the anchor sits in the adjacent cell."""
-    options = []
-    for word, (dc, dr) in NEIGHBOURS.items():
-        anchor_cell = (obj.cell[0] - dc, obj.cell[1] - dr)
-        for anchor in scene.objects:
-            plain = _plain_refs(anchor, scene, rng)
-            if anchor.cell == anchor_cell and plain:
-                anchor_text = rng.choice(sorted(plain.values()))
-                said = rng.choice(pb.NEIGHBOUR_WORDS[word])
-                options.append(
-                    (f"the {grammar.shape_noun(rng)} {said} {anchor_text}", Mention(anchor_text, anchor))
-                )
-    return rng.choice(options) if options else None
+    """'the thing to the left of the red circle': the anchor sits in the adjacent cell."""
+
+    def lead(word: str) -> str:
+        said = rng.choice(pb.NEIGHBOUR_WORDS[word])
+        return f"the {grammar.shape_noun(rng)} {said}"
+
+    return relative_ref(obj, scene, rng, lambda: grammar.shape_noun(rng), lead)
 
 
 def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:

@@ -4,6 +4,7 @@ Every question is answerable from the picture alone and has one short exact answ
 """
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tinyvlm import templates, vocab
@@ -53,12 +54,13 @@ def _attribute(obj: Obj, attr: str) -> str:
     return vocab.CELL_NAMES[obj.cell] if attr == "position" else str(getattr(obj, attr))
 
 
-def _plain_refs(obj: Obj, scene: Scene) -> dict[str, str]:
-    """Referring expressions naming the object by its own unique colour and/or shape."""
+def plain_refs(obj: Obj, scene: Scene, noun: Callable[[], str] = lambda: "shape") -> dict[str, str]:
+    """Referring expressions naming the object by its own unique colour and/or shape (``noun``:
+    the word standing for "shape" in "the red shape")."""
     others = [o for o in scene.objects if o is not obj]
     refs = {}
     if all(o.colour != obj.colour for o in others):
-        refs["colour"] = f"the {obj.colour} shape"
+        refs["colour"] = f"the {obj.colour} {noun()}"
     if all(o.shape != obj.shape for o in others):
         refs["shape"] = f"the {obj.shape}"
     if all((o.colour, o.shape) != (obj.colour, obj.shape) for o in others):
@@ -66,27 +68,34 @@ def _plain_refs(obj: Obj, scene: Scene) -> dict[str, str]:
     return refs
 
 
-def _relative_ref(obj: Obj, scene: Scene, rng: random.Random) -> tuple[str, Mention] | None:
-    """'the shape left of the red circle': the anchor sits in the adjacent cell."""
+def relative_ref(
+    obj: Obj,
+    scene: Scene,
+    rng: random.Random,
+    noun: Callable[[], str] = lambda: "shape",
+    lead: Callable[[str], str] = lambda word: f"the shape {word}",
+) -> tuple[str, Mention] | None:
+    """'the shape left of the red circle': the anchor sits in the adjacent cell (``lead``: how
+    "the shape left of" is said for each of NEIGHBOURS' words)."""
     options = []
     for word, (dc, dr) in NEIGHBOURS.items():
         anchor_cell = (obj.cell[0] - dc, obj.cell[1] - dr)
         for anchor in scene.objects:
-            plain = _plain_refs(anchor, scene)
+            plain = plain_refs(anchor, scene, noun)
             if anchor.cell == anchor_cell and plain:
                 anchor_text = rng.choice(sorted(plain.values()))
-                options.append((f"the shape {word} {anchor_text}", Mention(anchor_text, anchor)))
+                options.append((f"{lead(word)} {anchor_text}", Mention(anchor_text, anchor)))
     return rng.choice(options) if options else None
 
 
 def references(obj: Obj, scene: Scene, rng: random.Random) -> dict[str, tuple[str, tuple[Mention, ...]]]:
     """Reference kind -> (text, the plain references inside it, the object itself included)."""
     refs: dict[str, tuple[str, tuple[Mention, ...]]] = {
-        kind: (text, (Mention(text, obj),)) for kind, text in _plain_refs(obj, scene).items()
+        kind: (text, (Mention(text, obj),)) for kind, text in plain_refs(obj, scene).items()
     }
     position = f"the shape {templates.CELL_PHRASES[vocab.CELL_NAMES[obj.cell]]}"
     refs["position"] = (position, (Mention(position, obj),))
-    relative = _relative_ref(obj, scene, rng)
+    relative = relative_ref(obj, scene, rng)
     if relative is not None:
         refs["relative"] = (relative[0], (relative[1],))
     return refs
@@ -155,7 +164,7 @@ def drills(scene: Scene, rng: random.Random) -> list[Turn]:
 
 
 def ask_relative(scene: Scene, rng: random.Random, held_out: bool) -> Turn | None:
-    named = [(o, _plain_refs(o, scene)) for o in scene.objects]
+    named = [(o, plain_refs(o, scene)) for o in scene.objects]
     named = [(o, refs) for o, refs in named if refs]
     pairs = [(a, b) for a in named for b in named if a[0] is not b[0]]
     axis = rng.choice((0, 1))
