@@ -1,6 +1,6 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~24 min on 2 cores)
+    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~90 min on 2 cores)
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
     python -m tinyvlm.train --init CKPT --steps 0 --vision-steps 0 --out runs/x  # the polish stage alone
