@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from tinyvlm import grammar, vocab
 from tinyvlm import phrasebook as pb
 from tinyvlm.grammar import Split
-from tinyvlm.questions import ATTRIBUTES, LEAKS, Mention, Turn, plain_refs, relative_ref
+from tinyvlm.questions import ATTRIBUTES, LEAKS, Mention, Turn, plain_refs, relative_ref, turn_loop
 from tinyvlm.scene import Obj, Scene
 
 
@@ -205,25 +205,16 @@ def dressed(turn: Turn, rng: random.Random, style: Style = TRAINING) -> Turn:
 def conversation(
     scene: Scene, rng: random.Random, style: Style = TRAINING, n_turns: int | None = None
 ) -> list[Turn]:
-    """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object."""
-    if n_turns is None:
-        n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
-    turns: list[Turn] = []
-    obj: Obj | None = None
-    asked: set[str] = set()
-    done: set[str] = set()
-    while len(turns) < n_turns:
-        remaining = [a for a in ATTRIBUTES if a not in asked]
-        if obj is not None and remaining and rng.random() < 0.7:
-            attr = rng.choice(remaining)
-            turns.append(dressed(ask_follow_up(obj, attr, rng, style.split), rng, style))
-            asked.add(attr)
-            continue
+    """A conversation in people's words (``questions.turn_loop``), each question dressed as typed."""
+
+    def fresh(done: set[str]) -> tuple[Turn, Obj | None]:
         turn, obj = fresh_question(scene, rng, style, done)
-        asked = {turn.qtype}
-        done.add(turn.qtype)
-        turns.append(dressed(turn, rng, style))
-    return turns
+        return dressed(turn, rng, style), obj
+
+    def follow_up(obj: Obj, attr: str) -> Turn:
+        return dressed(ask_follow_up(obj, attr, rng, style.split), rng, style)
+
+    return turn_loop(rng, n_turns, follow_up, fresh)
 
 
 def system_prompt(rng: random.Random) -> str | None:

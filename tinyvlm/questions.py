@@ -214,10 +214,14 @@ def _fresh_question(
                 return other, None
 
 
-def conversation(
-    scene: Scene, rng: random.Random, held_out: bool = False, n_turns: int | None = None
+def turn_loop(
+    rng: random.Random,
+    n_turns: int | None,
+    follow_up: Callable[[Obj, str], Turn],
+    fresh: Callable[[set[str]], tuple[Turn, Obj | None]],
 ) -> list[Turn]:
-    """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object."""
+    """1-3 turns (or ``n_turns``); a follow-up asks another attribute of the previous turn's object.
+    ``fresh(done)`` asks a new question (of a type not in ``done`` where that matters)."""
     if n_turns is None:
         n_turns = rng.choices((1, 2, 3), weights=(0.35, 0.35, 0.3))[0]
     turns: list[Turn] = []
@@ -228,11 +232,23 @@ def conversation(
         remaining = [a for a in ATTRIBUTES if a not in asked]
         if obj is not None and remaining and rng.random() < 0.7:
             attr = rng.choice(remaining)
-            turns.append(ask_follow_up(obj, attr, rng, held_out))
+            turns.append(follow_up(obj, attr))
             asked.add(attr)
             continue
-        turn, obj = _fresh_question(scene, rng, held_out, done)
+        turn, obj = fresh(done)
         asked = {turn.qtype}
         done.add(turn.qtype)
         turns.append(turn)
     return turns
+
+
+def conversation(
+    scene: Scene, rng: random.Random, held_out: bool = False, n_turns: int | None = None
+) -> list[Turn]:
+    """A conversation in the first model's phrasings (``turn_loop``)."""
+    return turn_loop(
+        rng,
+        n_turns,
+        lambda obj, attr: ask_follow_up(obj, attr, rng, held_out),
+        lambda done: _fresh_question(scene, rng, held_out, done),
+    )
