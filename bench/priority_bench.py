@@ -2,13 +2,15 @@
 
     python -m bench.priority_bench [--quick]
 
-One stack (gateway, one decode worker, one inference worker, the bundled model) with two keys:
+One stack as `make up` runs it (gateway, a decode node for interactive work, a niced decode node for
+batch work, one inference worker, the bundled model) with two keys:
 tenant ``web`` (interactive) and tenant ``bulk`` (batch priority). Phases, in one run:
 
 1. unloaded: ``web`` sends N jobs one after another (multipart JPEG, 16 tokens, no result
    cache) and records each one's end-to-end latency (submit -> terminal job record);
-2. flood: ``bulk`` runs 32 closed loops (submit, wait for the end, submit again), a standing
-   backlog of 32 batch jobs, while ``web`` sends the same N jobs again; the loops stop when
+2. flood: ``bulk`` runs 32 closed loops (submit, follow the job's SSE stream to its end, submit
+   again; in its own process, so that it does not slow the measuring client), a standing backlog
+   of 32 batch jobs, while ``web`` sends the same N jobs again; the loops stop when
    ``web`` is done and every batch job they started is waited for;
 3. control: as 2, but the flood comes from a third key of ``interactive`` priority, to show
    what the priorities buy.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
 from pathlib import Path
@@ -100,51 +103,84 @@ def stage_medians() -> dict[str, float | None]:
     return medians
 
 
+async def follow_to_end(client: httpx.AsyncClient, tenant: str, job_id: str) -> str:
+    """Read the job's SSE stream until its terminal event: the client learns of the end at once (so
+    the loop submits again at once) without polling the gateway."""
+    headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+    async with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data:"):
+                event = json.loads(line.removeprefix("data:").strip())
+                if event["type"] in ("done", "error") or event.get("status") in TERMINAL:
+                    break
+    return await wait_terminal(client, tenant, job_id)  # the record, once
+
+
 async def flood(
-    client: httpx.AsyncClient, tenant: str, requests: list[BenchRequest], stop: asyncio.Event
+    client: httpx.AsyncClient, tenant: str, requests: list[BenchRequest], stop: Any, started: Any
 ) -> list[str]:
-    """FLOODERS closed loops (submit, wait for the end, again) until ``stop``: a standing backlog."""
+    """FLOODERS closed loops (submit, follow to the end, again) until ``stop``: a standing backlog of
+    FLOODERS jobs, whatever the service's capacity."""
     statuses: list[str] = []
 
     async def flooder(offset: int) -> None:
         i = offset
         while not stop.is_set():
             job_id = await submit(client, tenant, requests[i % len(requests)])
-            statuses.append(await wait_terminal(client, tenant, job_id, poll_s=1.0))  # cheap for the gateway
+            started.set()
+            statuses.append(await follow_to_end(client, tenant, job_id))
             i += FLOODERS
 
     await asyncio.gather(*(flooder(k) for k in range(FLOODERS)))
     return statuses
 
 
+def flood_process(base_url: str, tenant: str, flood_n: int, stop: Any, started: Any, out: Any) -> None:
+    """The flood in its own process: parsing 32 SSE streams must not slow the measuring client."""
+
+    async def main() -> list[str]:
+        limits = httpx.Limits(max_connections=4 * FLOODERS)
+        async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as client:
+            return await flood(client, tenant, make_requests(flood_n, seed=8), stop, started)
+
+    out.put(asyncio.run(main()))
+
+
 async def flooded(
-    client: httpx.AsyncClient, tenant: str, web: list[BenchRequest], bulk: list[BenchRequest]
+    client: httpx.AsyncClient, tenant: str, web: list[BenchRequest], flood_n: int
 ) -> dict[str, Any]:
-    started, stop = time.perf_counter(), asyncio.Event()
-    flooding = asyncio.create_task(flood(client, tenant, bulk, stop))
+    context = multiprocessing.get_context("spawn")
+    stop, started, out = context.Event(), context.Event(), context.Queue()
+    began = time.perf_counter()
+    flooder = context.Process(
+        target=flood_process, args=(str(client.base_url), tenant, flood_n, stop, started, out)
+    )
+    flooder.start()
+    await asyncio.to_thread(started.wait, 60)
     await asyncio.sleep(2.0)  # the backlog builds up first
     latencies = await interactive(client, web)
     stop.set()
-    statuses = await flooding
+    statuses: list[str] = await asyncio.to_thread(out.get, True, 300)
+    flooder.join(30)
     return {
         "flood_tenant": tenant,
         "web_p50_s": pct(latencies, 50),
         "web_p90_s": pct(latencies, 90),
         "flood_jobs": len(statuses),
         "flood_done": sum(s == "done" for s in statuses),
-        "wall_s": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - began,
         "web_stage_medians_s": stage_medians(),
     }
 
 
-async def drive(stack: ServiceStack, web: list[BenchRequest], bulk: list[BenchRequest]) -> dict[str, Any]:
+async def drive(stack: ServiceStack, web: list[BenchRequest], flood_n: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=300) as client:
         await interactive(client, web[:3])  # warm-up
         STAGE_LOG.clear()
         unloaded = await interactive(client, web)
         unloaded_stages = stage_medians()
-        batch = await flooded(client, "bulk", web, bulk)
-        control = await flooded(client, "rival", web, bulk)
+        batch = await flooded(client, "bulk", web, flood_n)
+        control = await flooded(client, "rival", web, flood_n)
     base = pct(unloaded, 50)
     return {
         "unloaded_web_p50_s": base,
@@ -160,10 +196,11 @@ def run(web_n: int, flood_n: int) -> dict[str, Any]:
     keys_file = Path(tempfile.mkdtemp(prefix="vlmq-prio-")) / "keys"
     keys_file.write_text(KEYS_FILE)
     env = {**ENV, "VLMQ_API_KEYS_FILE": str(keys_file), "VLMQ_MAX_QUEUE_DEPTH": str(4 * FLOODERS)}
-    stack = ServiceStack(redis_server.url, keys_file.parent, extra_env=env)
+    components = ("decode", "decode-batch", "inference", "gateway")  # as `make up` runs them
+    stack = ServiceStack(redis_server.url, keys_file.parent, extra_env=env, components=components)
     try:
         stack.start(timeout_s=180)
-        return asyncio.run(drive(stack, make_requests(web_n, seed=7), make_requests(flood_n, seed=8)))
+        return asyncio.run(drive(stack, make_requests(web_n, seed=7), flood_n))
     finally:
         stack.stop()
         redis_server.stop()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from shared.decode_task import QUEUES
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, QUEUES
 
 PY = sys.executable
+BATCH_NICE = 10  # the batch decode nodes' niceness (a lower CPU priority; no privilege needed)
 
 
 def gateway_command() -> list[str]:
@@ -27,11 +28,15 @@ def flower_command(port: int, user: str, password: str) -> list[str]:
 
 
 def decode_command(
-    concurrency: int | str, log_level: str, node: str, *extra: str, events: bool = True
+    concurrency: int | str, log_level: str, node: str, *extra: str, events: bool = True, role: str = "all"
 ) -> list[str]:
-    """Celery prefork decode workers on the interactive then the batch queue; ``events``: task
-    events on (``-E``), for Flower (off where no Flower runs: the test and bench stacks)."""
+    """Celery prefork decode workers; ``events``: task events on (``-E``), for Flower (off where no
+    Flower runs: the test and bench stacks). ``role``: ``all`` takes the interactive then the batch
+    queue; ``interactive`` only the first; ``batch`` only the second, at a lower CPU priority (nice
+    BATCH_NICE): on a busy machine batch decoding then yields the cores to interactive work."""
+    queues = {"all": QUEUES, "interactive": (DECODE_QUEUE,), "batch": (BATCH_QUEUE,)}[role]
+    niced = ["nice", "-n", str(BATCH_NICE)] if role == "batch" else []
     return [
-        PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", ",".join(QUEUES),
+        *niced, PY, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", ",".join(queues),
         "-c", str(concurrency), *(["-E"] if events else []), "--loglevel", log_level, "-n", node, *extra,
     ]  # fmt: skip

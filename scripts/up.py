@@ -67,6 +67,13 @@ class UpSettings(BaseSettings):
     decode_workers: int = Field(
         default=1, ge=1, description="Celery decode nodes `make up` runs (each with VLMQ_DECODE_CONCURRENCY)"
     )
+    batch_decode_workers: int = Field(
+        default=1,
+        ge=0,
+        description="Celery decode nodes `make up` runs for batch-priority work only, at a lower CPU "
+        "priority (nice 10), while the VLMQ_DECODE_WORKERS nodes take interactive work only; 0: the "
+        "decode nodes take both (interactive first)",
+    )
     run_dir: Path = Field(
         default=Path(".run"), description="Logs (logs/) and the embedded Redis's data (redis/)"
     )
@@ -109,12 +116,14 @@ def commands(
 ) -> dict[str, list[str]]:
     flower = flower_command(up.flower_port, made.flower_user, made.flower_password)
 
-    def decode(name: str) -> list[str]:
-        return decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h")
+    def decode(role: str) -> Callable[[str], list[str]]:
+        return lambda name: decode_command(dec.decode_concurrency, gw.log_level, f"{name}@%h", role=role)
 
+    split = up.batch_decode_workers > 0
     return {
         **numbered("inference", up.inference_workers, lambda _name: inference_command()),
-        **numbered("decode", up.decode_workers, decode),
+        **numbered("decode", up.decode_workers, decode("interactive" if split else "all")),
+        **numbered("decode-batch", up.batch_decode_workers, decode("batch")),
         "gateway": gateway_command(),
         "flower": flower,
     }

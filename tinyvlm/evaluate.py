@@ -2,17 +2,23 @@
 
     python -m tinyvlm.evaluate                               # models/vlmq-tiny, all modes
     python -m tinyvlm.evaluate --model runs/vlmq-tiny --modes none int8 --json runs/eval.json
+    python -m tinyvlm.evaluate --backend generate            # model.generate instead of the engine
 
 Multi-turn conversations use the model's own earlier answers as history, like a real client.
 Every mode answers the same images; the modes are loaded with ``services.vlm.loading``
-(the engine's quantization module).
+(the engine's quantization module). Answers come from the serving engine by default
+(``tinyvlm.engine_answers``: what the service answers, with its caches and batching), or from
+``model.generate`` on left-padded batches (``--backend generate``, the reference it was checked
+against).
 """
 
 import argparse
+import functools
 import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ import services  # noqa: F401  (registers the processor)
 from services.vlm.loading import load_model
 from services.vlm.quantization import model_size_bytes
 from tinyvlm import data, evalrows, evalsets
+from tinyvlm.engine_answers import EngineAnswerer
 from tinyvlm.evalrows import Row
 from tinyvlm.evalsets import Item
 from tinyvlm.questions import Turn
@@ -125,25 +132,36 @@ def _error(item: Item, turn_index: int, given: str) -> dict[str, Any]:
     }
 
 
+Answerer = Callable[[list[list[Turn]], list[Any], list[str | None]], list[list[str]]]
+
+
+def answerers(models: dict[str, tuple[Any, Any]], backend: str, batch: int) -> dict[str, Answerer]:
+    """Per mode, what answers a chunk of conversations (engines are started here)."""
+    if backend == "generate":
+        return {mode: functools.partial(run_conversations, *loaded) for mode, loaded in models.items()}
+    engines = {mode: EngineAnswerer(*loaded, max_batch=batch) for mode, loaded in models.items()}
+    return {mode: engine.run_conversations for mode, engine in engines.items()}
+
+
 def evaluate_row(
-    models: dict[str, tuple[Any, Any]], row: Row, batch: int
+    answer: dict[str, Answerer], row: Row, chunk_size: int
 ) -> tuple[dict, dict[str, list[dict[str, Any]]]]:
     """Per mode: the accuracy summary, and the wrong answers."""
     items = row.items
-    tallies = {mode: Tally() for mode in models}
-    seconds = dict.fromkeys(models, 0.0)
-    for start in tqdm(range(0, len(items), batch), desc=row.name, unit="batch", leave=False):
-        chunk = items[start : start + batch]
+    tallies = {mode: Tally() for mode in answer}
+    seconds = dict.fromkeys(answer, 0.0)
+    for start in tqdm(range(0, len(items), chunk_size), desc=row.name, unit="chunk", leave=False):
+        chunk = items[start : start + chunk_size]
         images = [evalsets.client_image(item, seed=start + i) for i, item in enumerate(chunk)]
         convs, systems = [item.turns for item in chunk], [item.system for item in chunk]
-        for mode, (model, processor) in models.items():
+        for mode, run in answer.items():
             began = time.time()
-            answers = run_conversations(model, processor, convs, images, systems)
+            answers = run(convs, images, systems)
             seconds[mode] += time.time() - began
             for item, given in zip(chunk, answers, strict=True):
                 tallies[mode].add(item, given)
-    results = {mode: {**tallies[mode].summary(), "seconds": round(seconds[mode], 1)} for mode in models}
-    return results, {mode: tallies[mode].errors for mode in models}
+    results = {mode: {**tallies[mode].summary(), "seconds": round(seconds[mode], 1)} for mode in answer}
+    return results, {mode: tallies[mode].errors for mode in answer}
 
 
 def all_rows(limit: int | None) -> list[Row]:
@@ -179,7 +197,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=Path("models/vlmq-tiny"))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--json", type=Path, default=Path("runs/eval.json"))
-    parser.add_argument("--batch", type=int, default=48)
+    parser.add_argument("--backend", choices=("engine", "generate"), default="engine")
+    parser.add_argument("--batch", type=int, default=48, help="sequences per forward (engine: max_batch)")
     parser.add_argument("--errors", type=Path, default=None, help="write every wrong answer here (JSONL)")
     parser.add_argument("--limit", type=int, default=None, help="questions of the held-out/wide sets")
     parser.add_argument(
@@ -191,16 +210,20 @@ def main() -> None:
     rows = all_rows(args.limit)
     if args.rows is not None:
         rows = [r for r in rows if any(r.name.startswith(p) for p in args.rows)]
+    answer = answerers(models, args.backend, args.batch)
+    # the engine batches continuously: hand it several batches' worth so the tail of a turn is short
+    chunk_size = 4 * args.batch if args.backend == "engine" else args.batch
     results, errors = {}, {}
     began = time.time()
     for row in rows:
-        results[row.name], errors[row.name] = evaluate_row(models, row, args.batch)
+        results[row.name], errors[row.name] = evaluate_row(answer, row, chunk_size)
         print(
             f"{row.name}: "
             + ", ".join(f"{LABELS[m]} {results[row.name][m]['overall']['acc']:.1f}" for m in models)
         )
     report = {
         "model": str(args.model),
+        "backend": args.backend,
         "seconds": round(time.time() - began),
         "size_bytes": {LABELS[m]: model_size_bytes(models[m][0]) for m in args.modes},
         "parameters": sum(p.numel() for p in models[args.modes[0]][0].parameters()),

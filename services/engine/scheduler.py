@@ -7,7 +7,10 @@
    oldest has waited ``batch_window``: highest priority first (``GenerationRequest.priority``,
    0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
    Batch-priority sequences (1, not aged) never hold the last ``max_batch // 4`` slots: an
-   interactive arrival finds a free slot instead of waiting for a batch sequence to finish.
+   interactive arrival finds a free slot instead of waiting for a batch sequence to finish. And
+   they are not admitted while an interactive sequence runs or waits: a prefill step stops every
+   decode, so batch prefills would stall the interactive sequence's tokens (they join once it
+   ends, or once they have aged).
    Admitted sequences are prefilled together this step.
 3. Otherwise decode every running sequence.
 
@@ -105,10 +108,16 @@ class Scheduler:
         self.running.extend(admitted)
         return admitted
 
+    def _interactive_present(self, now: float) -> bool:
+        """An interactive sequence (priority 0 by request, not by age) runs or waits."""
+        return any(seq.request.priority == 0 for seq in (*self.running, *self.waiting))
+
     def _choose(self, free: int, now: float) -> list[Sequence]:
         """Up to ``free`` waiting sequences by rank, then age; batch ones only outside the reserve."""
         batch_room = self.max_batch - self.interactive_reserve
         batch_room -= sum(seq.request.priority > 0 for seq in self.running)
+        if self._interactive_present(now):
+            batch_room = 0
         chosen: list[Sequence] = []
         for seq in sorted(self.waiting, key=lambda seq: (self._rank(seq, now), seq.arrival)):
             if len(chosen) == free:

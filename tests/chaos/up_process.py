@@ -103,7 +103,7 @@ class UpProcess:
         """The live pid of a supervised process: inference, decode (Celery main), decode-child, gateway."""
         marks = {
             "inference": "services.inference_worker",
-            "decode": "worker.celery_app worker",
+            "decode": "worker.celery_app worker -Q decode ",  # the interactive node, not decode-batch
             "gateway": "-m gateway",
         }
         if kind == "decode-child":

@@ -91,14 +91,19 @@ class ServiceStack:
 
     # --- process definitions ---
     def _make(self, name: str) -> ManagedProcess:
-        """``decode``, ``inference``, ``gateway``; ``decode-2``, ``inference-2``... for more of a kind."""
+        """``decode``, ``inference``, ``gateway``; ``decode-2``, ``inference-2``... for more of a kind;
+        ``decode-batch``: a node for batch-priority work only, niced (the ``decode`` nodes then take
+        interactive work only, as `make up` runs them)."""
         log = self.log_dir / f"{name}.log"
         kind = name.split("-")[0]
         if kind == "decode":
             concurrency = self.env.get("VLMQ_DECODE_CONCURRENCY", "1")
             node = f"{name}-{self.key_prefix}@%h"
             extra = ("--without-mingle", "--without-gossip")
-            cmd = decode_command(concurrency, "INFO", node, *extra, events=self.task_events)
+            role = "batch" if name.startswith("decode-batch") else "all"
+            if role == "all" and any(n.startswith("decode-batch") for n in self.components):
+                role = "interactive"  # batch work has its own (niced) node
+            cmd = decode_command(concurrency, "INFO", node, *extra, events=self.task_events, role=role)
             return ManagedProcess(name, cmd, self.env, log, ready=log_contains("decode process ready"))
         if kind == "inference":
             env = {**self.env, "VLMQ_WORKER_ID": f"{name}-{self.key_prefix}"}

@@ -111,3 +111,18 @@ def test_batch_work_leaves_a_quarter_of_the_slots_to_interactive_arrivals() -> N
     aged = scheduler.waiting[0]
     aged.arrival -= 61  # waited past aging_s: it counts as interactive and takes the last slot
     assert [s.id for s in scheduler.schedule().prefill] == [aged.id]
+
+
+def test_batch_work_is_not_admitted_while_interactive_work_runs_or_waits() -> None:
+    scheduler = Scheduler(max_batch=8, window_s=0.0, aging_s=60.0)
+    interactive = _seq("i", priority=0)
+    scheduler.add(interactive)
+    scheduler.add(_seq("b0", priority=1))
+    assert [s.id for s in scheduler.schedule().prefill] == ["i"]  # b0 waits: i is there
+    batch = scheduler.schedule()
+    assert not batch.prefill and [s.id for s in batch.decode] == ["i"]  # i's tokens, no b0 prefill
+    scheduler.add(aged := _seq("b-aged", priority=1))
+    aged.arrival -= 61  # waited past aging_s: it goes in although i still runs
+    assert [s.id for s in scheduler.schedule().prefill] == ["b-aged"]
+    scheduler.finish(interactive)
+    assert [s.id for s in scheduler.schedule().prefill] == ["b0"]  # i ended: batch work joins

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from tinyvlm import evalsets
+from tinyvlm.engine_answers import EngineAnswerer
 from tinyvlm.evaluate import run_conversations
 from tinyvlm.examples import QUESTIONS
 from tinyvlm.questions import Turn
@@ -71,3 +72,20 @@ def test_bf16_answers_held_out_questions_like_fp32(loaded: Callable[[str], tuple
     )
     differ = [(i, a, b) for i, (a, b) in enumerate(zip(fp32, bf16, strict=True)) if a != b]
     assert len(differ) <= 1, differ
+
+
+def test_the_engine_backend_answers_like_generate(loaded: Callable[[str], tuple[Any, Any]]) -> None:
+    """``make eval`` answers through the serving engine (caches, continuous batching); on held-out
+    conversations (multi-turn, the model's own answers as history) it gives generate's answers."""
+    items = list(evalsets.items(evalsets.HELDOUT, 60))
+    images = [evalsets.client_image(item, seed=i) for i, item in enumerate(items)]
+    convs = [item.turns for item in items]
+    reference = run_conversations(*loaded("none"), convs, images)
+    answerer = EngineAnswerer(*loaded("none"), max_batch=16)
+    try:
+        assert answerer.run_conversations(convs, images) == reference
+        examples = [[Turn(q, a, "", i > 0, False) for i, (q, a) in enumerate(conv)] for _, conv in QUESTIONS]
+        pictures = [Image.open(EXAMPLES / name).convert("RGB") for name, _ in QUESTIONS]
+        assert answerer.run_conversations(examples, pictures) == expected()
+    finally:
+        answerer.close()
