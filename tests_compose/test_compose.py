@@ -97,6 +97,23 @@ async def test_multipart_job_and_polling(
     assert view["final_text"] == reference.answer(spec_of(stack, job_id), data)
 
 
+async def test_batch_jobs_are_decoded_by_the_low_weight_service(
+    stack: ComposeStack, client: httpx.AsyncClient
+) -> None:
+    data = EXAMPLE.read_bytes()
+    form = {"prompt": "What colour is the circle?", "max_tokens": "4", "priority": "batch"}
+    resp = await client.post(
+        "/v1/jobs", data=form, files={"image": ("s.png", data, "image/png")}, headers=NO_CACHE
+    )
+    assert resp.status_code == 202, resp.text
+    job_id = str(resp.json()["id"])
+    assert (await wait_done(client, job_id))["status"] == "done"
+    logs = stack.compose("logs", "--no-color", "decode-batch", timeout=60)
+    assert job_id in logs and job_id not in stack.compose("logs", "--no-color", "decode", timeout=60)
+    (batch_node,) = stack.containers("decode-batch")
+    assert stack.inspect(batch_node, "{{.HostConfig.CpuShares}}") == "110"
+
+
 async def test_sse(stack: ComposeStack, client: httpx.AsyncClient, reference: Reference) -> None:
     data = image_bytes("PNG", (256, 256), seed=41)
     job_id = await submit(client, data, "Describe the picture.", name="i.png")
