@@ -40,7 +40,13 @@ def _subprotocols(conn: HTTPConnection) -> list[str]:
     return [p.strip() for p in raw.split(",") if p.strip()]
 
 
-def authenticate(conn: HTTPConnection) -> Tenant | None:
+async def authenticate(conn: HTTPConnection) -> Tenant | None:
+    """The dependency: ``async`` because FastAPI runs a plain ``def`` dependency in its thread pool,
+    a thread hand-off per request for microseconds of work."""
+    return tenant_of(conn)
+
+
+def tenant_of(conn: HTTPConnection) -> Tenant | None:
     """The request's tenant (None: an open gateway); raises 401 for a missing or wrong key."""
     state: GatewayState = conn.app.state.gateway
     if not state.keyring.enabled:
@@ -55,7 +61,7 @@ def authenticate(conn: HTTPConnection) -> Tenant | None:
     return tenant
 
 
-def require_admin(tenant: Annotated[Tenant | None, Depends(authenticate)]) -> Tenant | None:
+async def require_admin(tenant: Annotated[Tenant | None, Depends(authenticate)]) -> Tenant | None:
     if tenant is not None and not tenant.admin:
         raise APIError(403, "this key may not use operator routes", code="not_admin")
     return tenant
@@ -66,7 +72,7 @@ async def accept_websocket(websocket: WebSocket) -> tuple[bool, Tenant | None]:
     chosen = WS_PROTOCOL if WS_PROTOCOL in _subprotocols(websocket) else None
     await websocket.accept(subprotocol=chosen)
     try:
-        tenant = authenticate(websocket)
+        tenant = tenant_of(websocket)
     except APIError as exc:
         audit.info("tenant=- method=WS route=%s status=1008 job=-", websocket.url.path)
         await websocket.send_json({"type": "error", "status": 401, "error": exc.message, "code": exc.code})

@@ -1,4 +1,7 @@
-"""FastAPI dependencies, as ``Annotated`` aliases (full-stack-fastapi-template style)."""
+"""FastAPI dependencies, as ``Annotated`` aliases (full-stack-fastapi-template style).
+
+All ``async``: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hand-off per
+request (and per dependency) for what takes microseconds here."""
 
 from __future__ import annotations
 
@@ -11,16 +14,16 @@ from gateway.state import GatewayState
 from shared.config import GatewaySettings
 
 
-def get_state(conn: HTTPConnection) -> GatewayState:
+async def get_state(conn: HTTPConnection) -> GatewayState:
     state: GatewayState = conn.app.state.gateway
     return state
 
 
-def get_settings(state: Annotated[GatewayState, Depends(get_state)]) -> GatewaySettings:
+async def get_settings(state: Annotated[GatewayState, Depends(get_state)]) -> GatewaySettings:
     return state.settings
 
 
-def wants_no_cache(cache_control: Annotated[str | None, Header()] = None) -> bool:
+async def wants_no_cache(cache_control: Annotated[str | None, Header()] = None) -> bool:
     """``Cache-Control: no-cache`` (or no-store) on the request bypasses the result cache."""
     directives = {d.strip().lower() for d in (cache_control or "").split(",")}
     return bool(directives & {"no-cache", "no-store"})
