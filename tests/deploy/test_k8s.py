@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from gateway.metrics_redis import BACKLOG_METRIC
-from scripts.commands import decode_command, gateway_command, inference_command
+from scripts.commands import BATCH_NICE, decode_command, gateway_command, inference_command
 from scripts.up import UpSettings
 from shared.config import CommonSettings, DecodeWorkerSettings, GatewaySettings, InferenceSettings
-from shared.decode_task import QUEUES
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, QUEUES
 from shared.keys import Keys
 from tests.deploy.manifests import (
     BUILDS,
@@ -57,7 +57,9 @@ K8S_VERSION = "1.31"
 KEDA_CRDS = K8S / "schemas" / "keda"
 SETTINGS_CLASSES = (CommonSettings, GatewaySettings, DecodeWorkerSettings, InferenceSettings)
 NETWORK_SETTINGS = {"VLMQ_REDIS_URL", "VLMQ_HOST", "VLMQ_PORT"}  # set by the manifests, never the ConfigMap
-WORKERS = ("decode", "inference")
+# Decode Deployments by role (scripts/commands.py decode_command(role=...)) and their one queue.
+DECODES = {"decode": ("interactive", DECODE_QUEUE), "decode-batch": ("batch", BATCH_QUEUE)}
+WORKERS = (*DECODES, "inference")
 APPS = ("gateway", *WORKERS, "flower")
 
 # What KEDA v2.20.2 reads (pkg/scalers/redis_scaler.go, prometheus_scaler.go). It ignores
@@ -253,10 +255,46 @@ def test_commands_match_make_up(build: str) -> None:
     assert command("gateway") == ["python", *gateway_command()[1:]]
     assert command("inference") == ["python", *inference_command()[1:]]
     node = "decode@%h"  # %h: the pod name, which the decode probes ping
-    expected = decode_command("$(VLMQ_DECODE_CONCURRENCY)", "$(VLMQ_LOG_LEVEL)", node)
-    assert command("decode") == ["python", *expected[1:]]
-    for probe in probes(main_container(deployment(objs, "decode"))).values():
-        assert '-d "decode@$HOSTNAME"' in probe["exec"]["command"][-1]
+    for comp, (role, _) in DECODES.items():
+        expected = decode_command("$(VLMQ_DECODE_CONCURRENCY)", "$(VLMQ_LOG_LEVEL)", node, role=role)
+        if role == "batch":
+            # nice does not reach across containers' cgroups: the pod's CPU request does its work.
+            assert expected[:3] == ["nice", "-n", str(BATCH_NICE)]
+            expected = expected[3:]
+        assert command(comp) == ["python", *expected[1:]], comp
+        for probe in probes(main_container(deployment(objs, comp))).values():
+            assert '-d "decode@$HOSTNAME"' in probe["exec"]["command"][-1], comp
+
+
+def cpu_millis(quantity: str | int | float) -> float:
+    """A CPU quantity ("500m", "2", 0.5) in millicores."""
+    text = str(quantity)
+    return float(text[:-1]) if text.endswith("m") else float(text) * 1000
+
+
+@builds
+def test_batch_decode_is_decode_at_a_lower_weight(build: str) -> None:
+    """decode-batch is the decode pod on the other queue, with a CPU request (hence cpu.weight)
+    at least as far below decode's as `make up`'s nice BATCH_NICE puts its batch node (the
+    kernel's weight falls about 1.25x per nice level): batch decoding yields a busy node's
+    cores to interactive work, and may still use idle ones up to the same limit."""
+    objs = render(build)
+    interactive, batch = (main_container(deployment(objs, comp))["resources"] for comp in DECODES)
+    ratio = cpu_millis(interactive["requests"]["cpu"]) / cpu_millis(batch["requests"]["cpu"])
+    assert ratio >= 1.25**BATCH_NICE, f"interactive/batch CPU requests: {ratio:.1f}"
+    assert batch["limits"] == interactive["limits"]
+
+    def without_role(comp: str) -> Obj:
+        """The pod spec less what differs by design: container name, queue, resources, labels."""
+        spec = copy.deepcopy(pod_spec(deployment(objs, comp)))
+        (container,) = spec["containers"]
+        for key in ("name", "command", "resources"):
+            del container[key]
+        for constraint in spec.get("topologySpreadConstraints", []):
+            del constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        return spec
+
+    assert without_role("decode-batch") == without_role("decode")
 
 
 @builds
@@ -347,16 +385,20 @@ def test_scaled_deployments_have_a_pdb(build: str) -> None:
 
 @builds
 def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
-    """Decode on LLEN of every decode queue (Keys().decode_queue(q) for q in QUEUES, the names
-    from shared/ with the deployment's VLMQ_KEY_PREFIX); inference on the backlog of every
-    inference stream, the gateway's ``vlmq_inference_backlog`` (per-worker streams included),
-    through Prometheus."""
+    """Each decode Deployment on LLEN of the one queue it consumes (Keys().decode_queue(q), the
+    names from shared/ with the deployment's VLMQ_KEY_PREFIX; every queue of QUEUES has one);
+    inference on the backlog of every inference stream, the gateway's ``vlmq_inference_backlog``
+    (per-worker streams included), through Prometheus."""
     objs = render(build)
     keys = Keys(setting_value(objs, CommonSettings, "key_prefix"))
-    decodes = keda_triggers(objs, deployment(objs, "decode")["metadata"]["name"])
-    assert {d["type"] for d in decodes} == {"redis"}
-    assert sorted(d["metadata"]["listName"] for d in decodes) == sorted(keys.decode_queue(q) for q in QUEUES)
-    assert all(int(d["metadata"]["listLength"]) > 0 for d in decodes)
+    assert sorted(queue for _, queue in DECODES.values()) == sorted(QUEUES)
+    decodes: list[tuple[str, Obj]] = []  # (component, trigger)
+    for comp, (_, queue) in DECODES.items():
+        (trigger,) = keda_triggers(objs, deployment(objs, comp)["metadata"]["name"])
+        assert trigger["type"] == "redis", comp
+        assert trigger["metadata"]["listName"] == keys.decode_queue(queue), comp
+        assert int(trigger["metadata"]["listLength"]) > 0, comp
+        decodes.append((comp, trigger))
     (inference,) = keda_triggers(objs, deployment(objs, "inference")["metadata"]["name"])
     assert inference["type"] == "prometheus"
     # every gateway pod reports the cluster's backlog: the max across pods, summed over streams
@@ -364,7 +406,7 @@ def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
     assert int(inference["metadata"]["threshold"]) > 0
     assert not set(inference["metadata"]) - TRIGGER_METADATA["prometheus"]
     auths = {a["metadata"]["name"]: a for a in of_kind(objs, "TriggerAuthentication")}
-    for trigger in decodes:
+    for comp, trigger in decodes:
         unknown = set(trigger["metadata"]) - TRIGGER_METADATA[trigger["type"]]
         assert not unknown, f"{trigger['type']}: KEDA ignores {sorted(unknown)}"
         auth = auths[trigger["authenticationRef"]["name"]]
@@ -378,8 +420,7 @@ def test_keda_reads_the_keys_vlmq_writes(build: str) -> None:
         port = service["spec"]["ports"][0]["port"]
         expected = f"vlmq-redis.{service['metadata']['namespace']}.svc:{port}"
         assert trigger["metadata"]["address"] == expected
-        db = main_container(deployment(objs, "decode"))
-        url = env_entries(db)["VLMQ_REDIS_URL"]["value"]
+        url = env_entries(main_container(deployment(objs, comp)))["VLMQ_REDIS_URL"]["value"]
         assert url.endswith(f"@vlmq-redis:{port}/{trigger['metadata']['databaseIndex']}")
 
 
@@ -510,13 +551,13 @@ def test_inference_identity_is_the_pod(build: str) -> None:
 
 @builds
 def test_model_is_where_every_reader_looks(build: str) -> None:
-    """Gateway (result-cache key), decode (image processor), inference (weights) see the same
+    """Gateway (result-cache key), both decodes (image processor), inference (weights) see the same
     checkpoint: bundled in the image, or mounted read-only at VLMQ_MODEL."""
     objs = render(build)
     model = str(setting_value(objs, CommonSettings, "model"))
     if not model.startswith("/"):
         return  # relative to the image's working directory: the bundled checkpoint
-    for comp in ("gateway", "decode", "inference"):
+    for comp in ("gateway", *DECODES, "inference"):
         dep = deployment(objs, comp)
         mounts = [m for m in main_container(dep).get("volumeMounts", []) if m["mountPath"] == model]
         assert len(mounts) == 1 and mounts[0]["readOnly"] is True, f"{comp}: {model} not mounted read-only"
