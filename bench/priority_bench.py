@@ -80,13 +80,19 @@ async def terminal_view(client: httpx.AsyncClient, tenant: str, job_id: str, pol
 STAGES = ("queue", "decode", "wait", "prefill", "generation", "ttft", "total")
 
 
+WEB_CLIENT = {"mode": "stream"}  # how ``web`` learns a job ended: its SSE stream, or polling
+
+
 async def interactive(client: httpx.AsyncClient, requests: list[BenchRequest]) -> list[float]:
     """End-to-end seconds of each ``web`` job, sent one after another (their server-side stage
     timings are kept in STAGE_LOG for the report)."""
     latencies = []
     for request in requests:
         started = time.perf_counter()
-        view = await terminal_view(client, "web", await submit(client, "web", request), 0.01)
+        job_id = await submit(client, "web", request)
+        if WEB_CLIENT["mode"] == "stream":
+            await follow_events(client, "web", job_id)
+        view = await terminal_view(client, "web", job_id, 0.01)
         assert view["status"] == "done", view["status"]
         latencies.append(time.perf_counter() - started)
         STAGE_LOG.append({k: v for k, v in (view.get("timings") or {}).items() if k in STAGES})
@@ -106,6 +112,11 @@ def stage_medians() -> dict[str, float | None]:
 async def follow_to_end(client: httpx.AsyncClient, tenant: str, job_id: str) -> str:
     """Read the job's SSE stream until its terminal event: the client learns of the end at once (so
     the loop submits again at once) without polling the gateway."""
+    await follow_events(client, tenant, job_id)
+    return await wait_terminal(client, tenant, job_id)  # the record, once
+
+
+async def follow_events(client: httpx.AsyncClient, tenant: str, job_id: str) -> None:
     headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
     async with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as resp:
         async for line in resp.aiter_lines():
@@ -113,7 +124,6 @@ async def follow_to_end(client: httpx.AsyncClient, tenant: str, job_id: str) -> 
                 event = json.loads(line.removeprefix("data:").strip())
                 if event["type"] in ("done", "error") or event.get("status") in TERMINAL:
                     break
-    return await wait_terminal(client, tenant, job_id)  # the record, once
 
 
 async def flood(
@@ -235,7 +245,14 @@ def report(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 interactive jobs instead of 40")
+    parser.add_argument(
+        "--web-client",
+        choices=("stream", "poll"),
+        default="stream",
+        help="web learns of each job's end from its SSE stream (as the page does), or by polling every 10 ms",
+    )
     args = parser.parse_args()
+    WEB_CLIENT["mode"] = args.web_client
     web_n, flood_n = (10, 64) if args.quick else (40, 64)
     result = run(web_n, flood_n)
     table = report(result)

@@ -76,7 +76,9 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
         await _write(state, job, cached, conversation=True)
         await count_outcome(state, JobStatus.DONE)
         return Accepted(spec, JobStatus.DONE, cached)
-    await admit(state.redis, state.keys, spec.job_id, state.settings.max_queue_depth, state.throughput)
+    hold_s = state.settings.batch_hold_s if spec.priority == "interactive" else 0.0
+    depth = state.settings.max_queue_depth
+    await admit(state.redis, state.keys, spec.job_id, depth, state.throughput, hold_s)
     try:
         await _write(state, job, None, conversation=False)
     except NotReplicated as exc:

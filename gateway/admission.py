@@ -57,10 +57,19 @@ async def jobs_total(redis: aioredis.Redis, keys: Keys) -> float:
 
 
 async def admit(
-    redis: aioredis.Redis, keys: Keys, job_id: str, max_depth: int, throughput: Throughput
+    redis: aioredis.Redis,
+    keys: Keys,
+    job_id: str,
+    max_depth: int,
+    throughput: Throughput,
+    hold_s: float = 0.0,
 ) -> None:
-    """Reserve the job's place in the active set, or raise 429 (with Retry-After) at ``max_depth``."""
-    depth = int(await redis.eval(ADMIT_LUA, 1, keys.active_jobs(), max_depth, time.time(), keys.job(job_id)))
+    """Reserve the job's place in the active set, or raise 429 (with Retry-After) at ``max_depth``.
+    ``hold_s`` > 0 (an interactive job): it holds batch work until it ends, at most that long."""
+    now = time.time()
+    hold_until = repr(now + hold_s) if hold_s > 0 else ""
+    job_key, sets = keys.job(job_id), (keys.active_jobs(), keys.interactive_jobs())
+    depth = int(await redis.eval(ADMIT_LUA, 2, *sets, max_depth, now, job_key, hold_until))
     if depth < 0:
         return
     rate = await throughput.rate(redis, keys)

@@ -58,6 +58,14 @@ class CommonSettings(BaseSettings):
     model: str = Field("models/vlmq-tiny", description="Local path of the served Hugging Face checkpoint")
     model_name: str = Field("vlmq-tiny", description="Model id reported by /v1/models and responses")
     job_ttl_s: int = Field(3600, description="How long job records and event streams are kept")
+    batch_hold_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="While an interactive job is in flight (accepted, not finished; at most this long "
+        "per job), inference workers hold batch-priority work: it runs on what interactive work leaves "
+        "idle, and ages in after VLMQ_PRIORITY_AGING_S. 0: batch work shares the engine with "
+        "interactive work except while an interactive sequence runs in the same engine",
+    )
     image_ttl_s: int = Field(
         900, description="How long uploaded image bytes are kept after last use (later turns decode them)"
     )

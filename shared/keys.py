@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 INFERENCE_GROUP = "inference"
 PIXELS_SUFFIX = ":pixels"  # job hash key + this = the job's pixels (FINISH_LUA derives it the same way)
+INTERACTIVE_SUFFIX = ":interactive"  # active-jobs set + this = its interactive part (FINISH_LUA too)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,12 @@ class Keys:
         """Sorted set: every accepted job not yet terminal (member: its ``job`` key), scored by the
         time of its last progress. Its size is the admission depth; the sweeper reads its old end."""
         return f"{self.prefix}:jobs:active"
+
+    def interactive_jobs(self) -> str:
+        """Sorted set: accepted interactive jobs not yet terminal (member: its ``job`` key), scored by
+        when it stops holding batch work (admission + ``batch_hold_s``). Non-empty from now on: the
+        inference workers hold batch-priority work (``Engine.hold_batch``)."""
+        return self.active_jobs() + INTERACTIVE_SUFFIX
 
     def sweeper_lock(self) -> str:
         """String held by the one inference worker sweeping stuck jobs right now (NX, short TTL)."""

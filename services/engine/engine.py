@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 EventCallback = Callable[[TokenEvent], None]
 Failed = list[tuple[Sequence, Exception]]  # sequences a step failed, and why
 DEVICE_ERROR_MARKERS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "cuDNN error")
+HELD_RECHECK_S = 0.02  # held batch work: how often an idle engine looks again (aging, deadlines)
 
 
 class Engine:
@@ -305,6 +306,23 @@ class Engine:
             self._stats.step_cpu_s += time.thread_time() - started
             for listener in self._step_listeners:
                 listener()
+            if not (batch.prefill or batch.decode or batch.dropped):
+                self._wait_for_change()
+
+    def _wait_for_change(self) -> None:
+        """Nothing to step although work is here (held batch work): sleep until something changes
+        (a submission, a cancel, the hold's end) or a held sequence may have aged in."""
+        with self._cv:
+            if not (self._inbox or self._cancels or self._stopping):
+                self._cv.wait(timeout=HELD_RECHECK_S)
+
+    def hold_batch(self, held: bool) -> None:
+        """Hold batch-priority work (not aged) as if an interactive sequence ran: the service sets
+        this while interactive jobs are in flight anywhere in its pipeline."""
+        with self._cv:
+            if self.scheduler.batch_held != held:
+                self.scheduler.batch_held = held
+                self._cv.notify_all()
 
     def _next_work(self) -> bool:
         """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""

@@ -85,6 +85,20 @@ class BatchKV:
         keep = [i for i, rid in enumerate(self.ids) if rid not in ids]
         if len(keep) == len(self.ids):
             return
+        self._keep_rows(keep)
+
+    def take(self, ids: set[str]) -> BatchKV:
+        """Move rows out: a new batch holding them (in this batch's order); this one keeps the rest."""
+        taken = BatchKV(self.make_cache)
+        rows = [i for i, rid in enumerate(self.ids) if rid in ids]
+        if rows:
+            taken.ids, taken.cache, taken.mask = list(self.ids), self.cache, self.mask
+            taken._keep_rows(rows)
+            self.remove(ids)
+        return taken
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Only these rows, without the leading columns none of them uses (copies the cache once)."""
         self.ids = [self.ids[i] for i in keep]
         if not keep:
             self.cache, self.mask = None, torch.zeros(0, 0, dtype=torch.bool)

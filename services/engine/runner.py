@@ -4,7 +4,8 @@
   cache), get image features for images in the uncached suffix (image cache or one batched vision
   call), then one forward over all suffixes (left-padded) on top of their cached prefixes; the new
   rows join the running batch.
-- ``decode(seqs)``: one forward of one token per running row, per-row positions.
+- ``decode(seqs)``: one forward of one token per given running row, per-row positions; running rows
+  not given are parked (kept, not stepped: batch work pauses while interactive work runs).
 - ``release(seqs)``: rows leave the batch at once; a finished turn's KV goes to the session cache.
 """
 
@@ -40,7 +41,8 @@ class ModelRunner:
         self.arch = arch
         self.caches = caches
         self.prefetcher = prefetcher
-        self.batch = BatchKV(arch.make_cache)
+        self.batch = BatchKV(arch.make_cache)  # the running rows each decode steps
+        self.parked = BatchKV(arch.make_cache)  # running rows not stepped now (paused batch work)
 
     # --- prefill ----------------------------------------------------------------------------------
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -154,10 +156,13 @@ class ModelRunner:
 
     # --- decode -----------------------------------------------------------------------------------
     def decode(self, seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
-        """Next-token logits for every running sequence: (rows in batch order, logits (B, V))."""
+        """Next-token logits for these running sequences: (rows in batch order, logits (B, V)). Rows
+        of the running batch left out are parked (their KV kept aside, not stepped) until a later
+        decode names them again."""
+        self._park_all_but({s.id for s in seqs})
         by_id = {s.id: s for s in seqs}
         rows = [by_id[rid] for rid in self.batch.ids]
-        assert len(rows) == len(seqs), "decode must cover exactly the running batch"
+        assert len(rows) == len(seqs), "decode must cover running sequences only"
         step = torch.tensor([[s.output_ids[-1] for s in rows], [s.last_position for s in rows]]).unsqueeze(-1)
         pos = step[1].expand(3, -1, -1) if self.arch.grid else step[1]
         self.batch.append_column()
@@ -165,24 +170,33 @@ class ModelRunner:
         logits = self.arch.forward(self.arch.embed(step[0]), self.batch.decode_mask(), pos, self.batch.cache)
         return rows, logits
 
+    def _park_all_but(self, ids: set[str]) -> None:
+        """Rows not in ``ids`` leave the stepped batch for the parked one; parked rows in it return."""
+        if set(self.batch.ids) == ids:
+            return
+        leaving = set(self.batch.ids) - ids
+        returning = ids & set(self.parked.ids)
+        if leaving:
+            self.parked.merge(self.batch.take(leaving))
+        if returning:
+            self.batch.merge(self.parked.take(returning))
+
     # --- leaving ----------------------------------------------------------------------------------
     def release(self, seqs: list[Sequence], save_session: list[bool]) -> None:
         for seq, save in zip(seqs, save_session, strict=True):
-            if (
-                save
-                and self.caches.session is not None
-                and seq.request.session_id
-                and seq.id in self.batch.ids
-            ):
+            holder = self.parked if seq.id in self.parked.ids else self.batch
+            if save and self.caches.session is not None and seq.request.session_id and seq.id in holder.ids:
                 tokens = seq.fed_ids
-                kv = self.batch.extract(seq.id, len(tokens))
+                kv = holder.extract(seq.id, len(tokens))
                 self.caches.session.put(
                     seq.request.session_id, KVEntry(tuple(tokens), tuple(seq.prompt.spans), kv)
                 )
         self.batch.remove({s.id for s in seqs})
+        self.parked.remove({s.id for s in seqs})
 
     def reset(self) -> None:
         self.batch = BatchKV(self.arch.make_cache)
+        self.parked = BatchKV(self.arch.make_cache)
 
     # --- prefix cache -----------------------------------------------------------------------------
     def compute_prefix(self, prompt: Prompt) -> KVEntry:

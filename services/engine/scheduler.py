@@ -4,7 +4,8 @@
 2. Admit waiting sequences into free slots (``max_batch``) when the engine is idle (a lone request
    never waits; while other requests are being submitted, the engine waits for them up to
    ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot, or when the
-   oldest has waited ``batch_window``: highest priority first (``GenerationRequest.priority``,
+   oldest has waited ``batch_window`` (an interactive one does not wait for it while only batch
+   work runs): highest priority first (``GenerationRequest.priority``,
    0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
    Batch-priority sequences (1, not aged) never hold the last ``max_batch // 4`` slots: an
    interactive arrival finds a free slot instead of waiting for a batch sequence to finish. And
@@ -12,7 +13,12 @@
    decode, so batch prefills would stall the interactive sequence's tokens (they join once it
    ends, or once they have aged).
    Admitted sequences are prefilled together this step.
-3. Otherwise decode every running sequence.
+3. Otherwise decode the running sequences; batch-priority ones (not aged) pause while an
+   interactive sequence runs (the runner parks their KV), and resume when it ends.
+
+``batch_held`` (set by the service while an interactive job is anywhere in its pipeline) holds batch
+work the same way with no interactive sequence here: it then runs only on what interactive work
+leaves idle, still bounded by aging.
 
 Aging and a bounded batch mean no request starves; deadlines are honoured in both queues.
 """
@@ -43,6 +49,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.cancelled: set[str] = set()
+        # interactive work is in flight elsewhere in the service (``Engine.hold_batch``): batch work
+        # waits as if an interactive sequence ran here
+        self.batch_held = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -55,9 +64,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch(dropped=self._drop(time.time()))
-        batch.prefill = self._admit(time.monotonic())
+        now = time.monotonic()
+        batch.prefill = self._admit(now)
         if not batch.prefill:
-            batch.decode = list(self.running)
+            batch.decode = self._stepped(now)
         return batch
 
     def drop(self) -> ScheduledBatch:
@@ -94,7 +104,10 @@ class Scheduler:
         if not self.waiting or free <= 0:
             return []
         ready = (
-            not self.running or len(self.waiting) >= free or now - self.waiting[0].arrival >= self.window_s
+            not self.running
+            or len(self.waiting) >= free
+            or now - self.waiting[0].arrival >= self.window_s
+            or self._interactive_jumps_batch()
         )
         if not ready:
             return []
@@ -108,9 +121,23 @@ class Scheduler:
         self.running.extend(admitted)
         return admitted
 
+    def _stepped(self, now: float) -> list[Sequence]:
+        """The running sequences to decode: batch-priority ones pause while an interactive one runs
+        (each would lengthen its steps and its worker's and gateway's work per step), unless aged."""
+        if not self.batch_held and all(seq.request.priority > 0 for seq in self.running):
+            return list(self.running)
+        return [seq for seq in self.running if self._rank(seq, now) == 0]
+
+    def _interactive_jumps_batch(self) -> bool:
+        """An interactive sequence waits while only batch work runs: the window gathers arrivals to
+        share a prefill, which batch work never joins while it waits, so it would only delay it."""
+        interactive = (seq.request.priority == 0 for seq in self.waiting)
+        return any(interactive) and all(seq.request.priority > 0 for seq in self.running)
+
     def _interactive_present(self, now: float) -> bool:
-        """An interactive sequence (priority 0 by request, not by age) runs or waits."""
-        return any(seq.request.priority == 0 for seq in (*self.running, *self.waiting))
+        """An interactive sequence (priority 0 by request, not by age) runs or waits, or the batch
+        work is held for one elsewhere."""
+        return self.batch_held or any(seq.request.priority == 0 for seq in (*self.running, *self.waiting))
 
     def _choose(self, free: int, now: float) -> list[Sequence]:
         """Up to ``free`` waiting sequences by rank, then age; batch ones only outside the reserve."""

@@ -23,6 +23,7 @@ from services.engine.api import GenerationRequest, ImageInput, RequestRejected
 from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import Finished, WriterConfig
+from services.inference_worker.batch_hold import BatchHold
 from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.job_run import JobRun
@@ -81,6 +82,7 @@ class InferenceWorker:
         self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
         self.sweeper = Sweeper(client, settings, self.worker_id, self.store)
         self.rebalancer = Rebalancer(client, settings, self.worker_id)
+        self.batch_hold = BatchHold(client, self.keys, engine) if settings.batch_hold_s > 0 else None
         self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0, "sweep": 0.0, "rebalance": 0.0}
 
     # --- lifecycle ---
@@ -89,6 +91,8 @@ class InferenceWorker:
         self.consumer.prune_consumers()
         self.writer.start()
         self.task_events.start()
+        if self.batch_hold is not None:
+            self.batch_hold.start()
         self.heartbeat()
         self.handle_many(self.consumer.read(self.capacity, 0, own_pending=True))  # same name, restarted
         log.info("inference worker %s reading %s", self.worker_id, self.keys.inference_stream())
@@ -152,6 +156,8 @@ class InferenceWorker:
         self.handle_many(interactive + batch)
 
     def shutdown(self) -> None:
+        if self.batch_hold is not None:  # in-flight batch work must be able to finish now
+            self.batch_hold.stop()
         started = time.monotonic()
         while self._runs() and time.monotonic() < started + self.settings.drain_timeout_s:  # 2nd signal: 0
             self.poll_cancels()

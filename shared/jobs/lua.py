@@ -8,7 +8,7 @@ pass no fence.
 
 from __future__ import annotations
 
-from shared.keys import PIXELS_SUFFIX
+from shared.keys import INTERACTIVE_SUFFIX, PIXELS_SUFFIX
 from shared.schemas import SCHEMA_VERSION
 
 ENTRY_V = str(SCHEMA_VERSION)  # every inference stream entry says which schema wrote it
@@ -64,6 +64,9 @@ if is_terminal(status) then
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated_at', ARGV[3])
 redis.call('ZREM', KEYS[4], KEYS[1])
+redis.call('ZREM', KEYS[4] .. '"""
+    + INTERACTIVE_SUFFIX
+    + """', KEYS[1])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'finished_attempt', ARGV[7]) end
 local extra = cjson.decode(ARGV[6])
 for k, v in pairs(extra) do redis.call('HSET', KEYS[1], k, v) end
@@ -101,13 +104,19 @@ return 1
 """
 )
 
-# KEYS: the active-jobs set. ARGV: cap, now, the job hash key. Admission and its reservation in one
-# step, so concurrent gateways never admit past the cap: returns -1 when admitted (the job is in
-# the set from now on), else the depth that refused it.
+# KEYS: the active-jobs set, its interactive part. ARGV: cap, now, the job hash key, and for an
+# interactive job when it stops holding batch work ('' for batch work, or no hold). Admission and
+# its reservation in one step, so concurrent gateways never admit past the cap: returns -1 when
+# admitted (the job is in the set from now on), else the depth that refused it. Interactive entries
+# past their hold leave here (a job that never finishes holds batch work no longer than that).
 ADMIT_LUA = """
 local depth = redis.call('ZCARD', KEYS[1])
 if depth >= tonumber(ARGV[1]) then return depth end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[2])
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+end
 return -1
 """
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from bench.common import draw_image, image_input, load_bundled
 from bench.engine_workloads import QUESTIONS as WORKLOAD_QUESTIONS
-from services.engine import GenerationRequest, SamplingParams, TokenEvent, Usage
+from services.engine import FinishReason, GenerationRequest, SamplingParams, TokenEvent, Usage
 from tests.services.engine.reference import assert_greedy_match, check, reference, run_all, tokens_of, user
 
 QUESTIONS = WORKLOAD_QUESTIONS[:6]  # the bench workload's questions
@@ -104,6 +105,72 @@ def test_sequences_joining_mid_flight(bundled, make_engine, bundled_tie_tol):
     assert sizes.get(2, 0) + sizes.get(3, 0) + sizes.get(4, 0) > 0  # they ran together with the first
     check(events[first.request_id], model, proc, first, first_png, bundled_tie_tol)
     for req, pngs in joiners:
+        check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
+def test_batch_work_pauses_for_interactive_work_and_resumes_exactly(bundled, make_engine, bundled_tie_tol):
+    """Batch-priority rows are parked (not stepped) while an interactive row runs, a parked row can be
+    cancelled, and the rest resume where they stopped: every answer equals its batch of one."""
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
+    batch = [_req(proc, i, max_tokens=30, ignore_eos=True, priority=1) for i in range(4)]
+    urgent, urgent_png = _req(proc, 5, max_tokens=10, ignore_eos=True)
+    events: dict[str, list[TokenEvent]] = {}
+    order: list[str] = []
+    done = threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            order.append(ev.request_id)
+            done.release()
+        if ev.request_id == batch[0][0].request_id and ev.index == 2:  # batch rows are decoding
+            engine.submit(urgent, on_event)
+        if ev.request_id == urgent.request_id and ev.index == 3:  # batch rows are parked now
+            engine.cancel(batch[3][0].request_id)
+
+    for req, _ in batch:
+        engine.submit(req, on_event)
+    for _ in range(5):
+        assert done.acquire(timeout=60)
+    assert order[:2] == [batch[3][0].request_id, urgent.request_id]  # the cancel, then the urgent one
+    assert events[batch[3][0].request_id][-1].finish_reason == FinishReason.CANCELLED
+    assert engine.stats().batch_sizes.get(1, 0) >= 9  # the urgent row's decode steps ran alone
+    check(events[urgent.request_id], model, proc, urgent, urgent_png, bundled_tie_tol)
+    for req, pngs in batch[:3]:
+        check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
+def test_held_batch_work_waits_without_spinning_and_resumes_exactly(bundled, make_engine, bundled_tie_tol):
+    """``hold_batch`` (interactive work in flight elsewhere in the service): batch rows stop, batch
+    arrivals wait, the engine sleeps instead of spinning, and everything resumes exactly."""
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
+    running, arriving = (_req(proc, i, max_tokens=20, ignore_eos=True, priority=1) for i in range(2))
+    events: dict[str, list[TokenEvent]] = {}
+    done = threading.Semaphore(0)
+    second_token = threading.Event()
+
+    def on_event(ev: TokenEvent) -> None:
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.index == 1:
+            second_token.set()
+        if ev.finished:
+            done.release()
+
+    engine.submit(running[0], on_event)
+    assert second_token.wait(30)
+    engine.hold_batch(True)
+    engine.submit(arriving[0], on_event)
+    time.sleep(0.1)  # a step in flight when the hold came may still end
+    produced, cpu = len(events[running[0].request_id]), engine.stats().step_cpu_s
+    time.sleep(0.5)
+    assert len(events[running[0].request_id]) == produced and arriving[0].request_id not in events
+    assert engine.stats().step_cpu_s - cpu < 0.1  # asleep, not spinning through empty steps
+    engine.hold_batch(False)
+    for _ in range(2):
+        assert done.acquire(timeout=60)
+    for req, pngs in (running, arriving):
         check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
 
 

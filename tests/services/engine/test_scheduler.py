@@ -126,3 +126,41 @@ def test_batch_work_is_not_admitted_while_interactive_work_runs_or_waits() -> No
     assert [s.id for s in scheduler.schedule().prefill] == ["b-aged"]
     scheduler.finish(interactive)
     assert [s.id for s in scheduler.schedule().prefill] == ["b0"]  # i ended: batch work joins
+
+
+def test_an_interactive_arrival_does_not_wait_for_the_window_behind_batch_work() -> None:
+    scheduler = Scheduler(max_batch=8, window_s=60.0, aging_s=600.0)  # a window that never ends here
+    scheduler.add(_seq("b0", priority=1))
+    assert [s.id for s in scheduler.schedule().prefill] == ["b0"]  # idle engine: at once
+    scheduler.add(_seq("b1", priority=1))
+    assert not scheduler.schedule().prefill  # batch work running: a batch arrival waits the window
+    scheduler.add(_seq("i0", priority=0))
+    assert [s.id for s in scheduler.schedule().prefill] == ["i0"]  # only batch runs: no window
+    scheduler.add(_seq("i1", priority=0))
+    assert not scheduler.schedule().prefill  # interactive work running: the window gathers again
+
+
+def test_batch_kv_take_moves_rows_out_and_merge_brings_them_back():
+    a = _kv([[1, 2, 3], [4, 5], [6, 7, 8, 9]], "a")
+    taken = a.take({"a2", "a0"})
+    assert taken.ids == ["a0", "a2"] and a.ids == ["a1"] and a.length == 2  # padding trimmed
+    assert taken.extract("a0", 3)[0][0].flatten().tolist() == [1, 2, 3]
+    assert taken.extract("a2", 4)[0][0].flatten().tolist() == [6, 7, 8, 9]
+    assert not a.take({"nobody"}).ids
+    a.merge(taken)
+    assert a.ids == ["a1", "a0", "a2"] and a.extract("a0", 3)[0][0].flatten().tolist() == [1, 2, 3]
+
+
+def test_batch_rows_pause_while_interactive_work_runs_unless_aged() -> None:
+    scheduler = Scheduler(max_batch=8, window_s=0.0, aging_s=60.0)
+    for rid in ("b0", "b1"):
+        scheduler.add(_seq(rid, priority=1))
+    scheduler.schedule()
+    assert [s.id for s in scheduler.schedule().decode] == ["b0", "b1"]  # batch work alone: it runs
+    scheduler.add(interactive := _seq("i", priority=0))
+    assert [s.id for s in scheduler.schedule().prefill] == ["i"]
+    assert [s.id for s in scheduler.schedule().decode] == ["i"]  # b0 and b1 are paused
+    scheduler.running[0].arrival -= 61  # b0 waited past aging_s: it steps again
+    assert [s.id for s in scheduler.schedule().decode] == ["b0", "i"]
+    scheduler.finish(interactive)
+    assert [s.id for s in scheduler.schedule().decode] == ["b0", "b1"]  # i ended: all resume
