@@ -201,11 +201,13 @@ async def drive(stack: ServiceStack, web: list[BenchRequest], flood_n: int) -> d
     }
 
 
-def run(web_n: int, flood_n: int) -> dict[str, Any]:
+def run(web_n: int, flood_n: int, batch_hold_s: float | None = None) -> dict[str, Any]:
     redis_server = start_redis()
     keys_file = Path(tempfile.mkdtemp(prefix="vlmq-prio-")) / "keys"
     keys_file.write_text(KEYS_FILE)
     env = {**ENV, "VLMQ_API_KEYS_FILE": str(keys_file), "VLMQ_MAX_QUEUE_DEPTH": str(4 * FLOODERS)}
+    if batch_hold_s is not None:
+        env["VLMQ_BATCH_HOLD_S"] = str(batch_hold_s)
     components = ("decode", "decode-batch", "inference", "gateway")  # as `make up` runs them
     stack = ServiceStack(redis_server.url, keys_file.parent, extra_env=env, components=components)
     try:
@@ -251,10 +253,17 @@ def main() -> int:
         default="stream",
         help="web learns of each job's end from its SSE stream (as the page does), or by polling every 10 ms",
     )
+    parser.add_argument(
+        "--batch-hold-s", type=float, default=None, help="VLMQ_BATCH_HOLD_S for the stack (default: its own)"
+    )
     args = parser.parse_args()
     WEB_CLIENT["mode"] = args.web_client
     web_n, flood_n = (10, 64) if args.quick else (40, 64)
-    result = run(web_n, flood_n)
+    result = {
+        **run(web_n, flood_n, args.batch_hold_s),
+        "web_client": args.web_client,
+        "batch_hold_s": args.batch_hold_s,
+    }
     table = report(result)
     print(table)
     RESULTS.mkdir(exist_ok=True)

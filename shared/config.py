@@ -261,6 +261,12 @@ class InferenceSettings(CommonSettings):
     priority_aging_s: float = Field(
         10.0, description="A batch job waiting this long in the engine is admitted like interactive work"
     )
+    batch_hold_linger_s: float = Field(
+        0.1,
+        ge=0.0,
+        description="Batch work stays held this long after the last interactive job ended (a client's "
+        "next request follows its answer); only with VLMQ_BATCH_HOLD_S > 0",
+    )
     affinity_max_wait_ms: int = Field(
         1000,
         description="A job routed to a busy worker that has not read it within this long moves to the "

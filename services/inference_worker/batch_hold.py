@@ -5,8 +5,11 @@ when its hold ends, ``VLMQ_BATCH_HOLD_S``); its terminal write removes it. An in
 spends most of its life outside the engine (queue, image decode, hand-over, the client's read);
 batch work that runs meanwhile takes the CPU those stages need (a 2-core machine: 2-3x the
 interactive latency under a batch flood). So the worker looks every ``POLL_S`` and holds batch work
-while the set holds a live entry: it runs on what interactive work leaves idle, still bounded by
-aging. On a Redis error the hold is released (batch work is never stopped by an outage).
+while the set holds a live entry, and ``VLMQ_BATCH_HOLD_LINGER_S`` after (a client's next request
+follows its answer: batch work resumed in that gap would finish together and flood the gateway
+with its clients' next submissions just as it arrives). Batch work runs on what interactive work
+leaves idle, still bounded by aging. On a Redis error the hold is released (an outage never stops
+batch work).
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ POLL_S = 0.005  # an interactive job's stages take milliseconds: look that often
 
 
 class BatchHold:
-    def __init__(self, client: Any, keys: Keys, engine: Any) -> None:
+    def __init__(self, client: Any, keys: Keys, engine: Any, linger_s: float) -> None:
         self.r = client
+        self.linger_s = linger_s
         self.key = keys.interactive_jobs()
         self.engine = engine
         self._stop = threading.Event()
@@ -45,11 +49,14 @@ class BatchHold:
         return int(self.r.zcount(self.key, f"({time.time()!r}", "+inf")) > 0
 
     def _run(self) -> None:
+        last_seen = float("-inf")
         while not self._stop.wait(POLL_S):
             try:
-                held = self.interactive_in_flight()
+                if self.interactive_in_flight():
+                    last_seen = time.monotonic()
+                held = time.monotonic() - last_seen < self.linger_s
             except redis.RedisError as exc:
                 log.debug("batch hold: %s; batch work runs", exc)
-                held = False
+                held, last_seen = False, float("-inf")
                 self._stop.wait(0.5)
             self.engine.hold_batch(held)

@@ -82,7 +82,8 @@ class InferenceWorker:
         self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
         self.sweeper = Sweeper(client, settings, self.worker_id, self.store)
         self.rebalancer = Rebalancer(client, settings, self.worker_id)
-        self.batch_hold = BatchHold(client, self.keys, engine) if settings.batch_hold_s > 0 else None
+        linger = settings.batch_hold_linger_s
+        self.batch_hold = BatchHold(client, self.keys, engine, linger) if settings.batch_hold_s > 0 else None
         self._next = {"heartbeat": 0.0, "cancel": 0.0, "claim": 0.0, "sweep": 0.0, "rebalance": 0.0}
 
     # --- lifecycle ---
