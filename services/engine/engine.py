@@ -316,6 +316,11 @@ class Engine:
             if not (self._inbox or self._cancels or self._stopping):
                 self._cv.wait(timeout=HELD_RECHECK_S)
 
+    def has_batch_work(self) -> bool:
+        """A batch-priority request is submitted and not finished (only then can a hold matter)."""
+        with self._cv:
+            return any(seq.request.priority > 0 for seq in self._known.values())
+
     def hold_batch(self, held: bool) -> None:
         """Hold batch-priority work (not aged) as if an interactive sequence ran: the service sets
         this while interactive jobs are in flight anywhere in its pipeline."""

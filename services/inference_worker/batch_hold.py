@@ -5,7 +5,7 @@ when its hold ends, ``VLMQ_BATCH_HOLD_S``); its terminal write removes it. An in
 spends most of its life outside the engine (queue, image decode, hand-over, the client's read);
 batch work that runs meanwhile takes the CPU those stages need (a 2-core machine: 2-3x the
 interactive latency under a batch flood). So the worker looks every ``POLL_S`` and holds batch work
-while the set holds a live entry, and ``VLMQ_BATCH_HOLD_LINGER_S`` after (a client's next request
+while the set holds a live entry (only while it has batch work to hold), and ``VLMQ_BATCH_HOLD_LINGER_S`` after (a client's next request
 follows its answer: batch work resumed in that gap would finish together and flood the gateway
 with its clients' next submissions just as it arrives). Batch work runs on what interactive work
 leaves idle, still bounded by aging. On a Redis error the hold is released (an outage never stops
@@ -51,6 +51,9 @@ class BatchHold:
     def _run(self) -> None:
         last_seen = float("-inf")
         while not self._stop.wait(POLL_S):
+            if not self.engine.has_batch_work():  # nothing to hold: no Redis call
+                self.engine.hold_batch(False)
+                continue
             try:
                 if self.interactive_in_flight():
                     last_seen = time.monotonic()

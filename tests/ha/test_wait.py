@@ -49,6 +49,7 @@ async def test_a_job_no_replica_acknowledged_is_refused_and_failed(
 
 
 def test_the_worker_acknowledges_only_what_a_replica_holds(cluster: SentinelCluster, keys: Keys) -> None:
+    cluster.wait_replicas_in_sync(1)  # WAIT counts only a replica whose link is up
     client = sync_client(cluster.url, sentinel=SentinelOptions(MASTER_NAME))
     harness = Harness(client, keys)
     config = WriterConfig("model-x", 600, 600, min_replicas=1, wait_ms=300)
