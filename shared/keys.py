@@ -76,8 +76,8 @@ class Keys:
 
     def interactive_jobs(self) -> str:
         """Sorted set: accepted interactive jobs not yet terminal (member: its ``job`` key), scored by
-        when it stops holding batch work (admission + ``batch_hold_s``). Non-empty from now on: the
-        inference workers hold batch-priority work (``Engine.hold_batch``)."""
+        when it stops holding batch work (admission + ``batch_hold_s``). While a live entry is in
+        it, inference workers hold their batch-priority work (``Engine.hold_batch``)."""
         return self.active_jobs() + INTERACTIVE_SUFFIX
 
     def sweeper_lock(self) -> str:

@@ -4,12 +4,12 @@ The gateway adds every interactive job to ``Keys.interactive_jobs`` when it admi
 when its hold ends, ``VLMQ_BATCH_HOLD_S``); its terminal write removes it. An interactive job
 spends most of its life outside the engine (queue, image decode, hand-over, the client's read);
 batch work that runs meanwhile takes the CPU those stages need (a 2-core machine: 2-3x the
-interactive latency under a batch flood). So the worker looks every ``POLL_S`` and holds batch work
-while the set holds a live entry (only while it has batch work to hold), and ``VLMQ_BATCH_HOLD_LINGER_S`` after (a client's next request
-follows its answer: batch work resumed in that gap would finish together and flood the gateway
-with its clients' next submissions just as it arrives). Batch work runs on what interactive work
-leaves idle, still bounded by aging. On a Redis error the hold is released (an outage never stops
-batch work).
+interactive latency under a batch flood). So, while its engine has batch work, the worker looks
+every ``POLL_S`` and holds that work while the set holds a live entry and
+``VLMQ_BATCH_HOLD_LINGER_S`` after (a client's next request follows its answer: batch work resumed
+in that gap would finish together and flood the gateway with its clients' next submissions just as
+it arrives). Batch work runs on what interactive work leaves idle, still bounded by aging. On a
+Redis error the hold is released (an outage never stops batch work).
 """
 
 from __future__ import annotations
