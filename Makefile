@@ -54,6 +54,7 @@ bench-smoke: venv
 	$(BIN)/python -m bench.service_bench --smoke
 	$(BIN)/python -m bench.gpu_bench --smoke
 	$(BIN)/python -m bench.scale_bench --smoke
+	$(BIN)/python -m bench.priority_bench --smoke
 
 # vlmq vs transformers serve on a CUDA device, random ~0.85B GLM-4V (needs a CUDA build of torch)
 bench-gpu: venv

@@ -1,6 +1,6 @@
 """Priority benchmark: an interactive tenant's latency while another tenant floods batch jobs.
 
-    python -m bench.priority_bench [--quick]
+    python -m bench.priority_bench [--quick | --smoke] [--out DIR]
 
 One stack as `make up` runs it (gateway, a decode node for interactive work, a niced decode node for
 batch work, one inference worker, the bundled model) with two keys:
@@ -17,7 +17,8 @@ tenant ``web`` (interactive) and tenant ``bulk`` (batch priority). Phases, in on
 
 The issue's bound: under the batch flood, ``web``'s p50 within 2x its unloaded p50, and every
 batch job finishes. A benchmark figure, not a test: the ratio is printed and written to
-bench/results/priority_bench{,_quick}.{json,md}; exits 1 only when a batch job did not finish.
+bench/results/priority_bench{,_quick,_smoke}.{json,md}; exits 1 only when a batch job did not finish.
+``--smoke`` (3 interactive jobs a phase; seconds, measures nothing) is what ``make test`` runs.
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ def report(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 interactive jobs instead of 40")
+    parser.add_argument("--smoke", action="store_true", help="3 interactive jobs a phase: every code path")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and table")
     parser.add_argument(
         "--web-client",
         choices=("stream", "poll"),
@@ -261,7 +264,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     WEB_CLIENT["mode"] = args.web_client
-    web_n, flood_n = (10, 64) if args.quick else (40, 64)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    web_n, flood_n = {"smoke": (3, 8), "quick": (10, 64), "full": (40, 64)}[mode]
     result = {
         **run(web_n, flood_n, args.batch_hold_s),
         "web_client": args.web_client,
@@ -269,10 +273,10 @@ def main() -> int:
     }
     table = report(result)
     print(table)
-    RESULTS.mkdir(exist_ok=True)
-    name = "priority_bench_quick" if args.quick else "priority_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (RESULTS / f"{name}.md").write_text(table + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "priority_bench" if mode == "full" else f"priority_bench_{mode}"
+    (args.out / f"{name}.json").write_text(json.dumps({**result, "mode": mode}, indent=2))
+    (args.out / f"{name}.md").write_text(table + "\n")
     floods = (result["under_batch_flood"], result["under_interactive_flood"])
     return 0 if all(f["flood_done"] == f["flood_jobs"] for f in floods) else 1
 

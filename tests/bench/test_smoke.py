@@ -62,3 +62,13 @@ def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
         (s, c) for s in ("transformers-serve", "vlmq") for c in (1, 2)
     }
     assert all(r["not_max_tokens"] == [] and r["errors"] == 0 for r in result["rows"])
+
+
+def test_priority_bench_smoke(tmp_path: Path) -> None:
+    """A stack with the niced batch decode node and the batch hold, both floods, every job done."""
+    result = run_bench("bench.priority_bench", tmp_path)
+    assert result["mode"] == "smoke" and result["unloaded_web_p50_s"] > 0
+    for phase in ("under_batch_flood", "under_interactive_flood"):
+        flood = result[phase]
+        assert flood["flood_jobs"] > 0 and flood["flood_done"] == flood["flood_jobs"]
+        assert flood["ratio_to_unloaded"] > 0 and flood["web_stage_medians_s"]["total"] is not None
