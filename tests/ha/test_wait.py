@@ -52,7 +52,7 @@ def test_the_worker_acknowledges_only_what_a_replica_holds(cluster: SentinelClus
     cluster.wait_replicas_in_sync(1)  # WAIT counts only a replica whose link is up
     client = sync_client(cluster.url, sentinel=SentinelOptions(MASTER_NAME))
     harness = Harness(client, keys)
-    config = WriterConfig("model-x", 600, 600, min_replicas=1, wait_ms=300)
+    config = WriterConfig("model-x", 600, 600, min_replicas=1, wait_ms=2000)  # a loaded replica acks late
     harness.writer = EventWriter(
         client,
         harness.store,
