@@ -142,6 +142,7 @@ def test_kombu_publishes_on_the_new_master_after_a_failover(cluster: SentinelClu
     app.send_task(DECODE_TASK, args=["job-1"], queue=DECODE_QUEUE)
     key = settings.keys.decode_queue()
     assert cluster.master().client().llen(key) == 1
+    assert cluster.master().client().wait(1, 2000) == 1  # replication is asynchronous: job-1 on the replica
     cluster.failover()
     with app.connection_for_write() as conn:  # a fresh broker connection asks the sentinels again
         app.send_task(DECODE_TASK, args=["job-2"], queue=DECODE_QUEUE, connection=conn)
