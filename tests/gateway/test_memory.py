@@ -71,6 +71,8 @@ async def test_rss_levels_off_over_large_bad_uploads(stack_factory: Any) -> None
     end = rss_mb(pid)
     print(f"gateway RSS over {UPLOADS} bad 4-10 MB uploads: {start:.0f} -> {warm:.0f} -> {end:.0f} MB")
     # With 40 payload threads (anyio's pool) the same run rose by ~120 MB here and kept climbing;
-    # with one: ~50 MB, then flat. More cores, more arenas: the old way grew further.
-    assert end - start < 90, f"RSS grew {end - start:.0f} MB"
+    # with one: ~50 MB, then flat. More cores, more arenas: the old way grew further. The one-thread
+    # growth varies with the machine's load: 47-92 MB over nine runs on 2026-12-04 (two full
+    # `make test` runs failed a 90 MB bound by 1-2 MB), always flat after the warm-up.
+    assert end - start < 110, f"RSS grew {end - start:.0f} MB"
     assert end - warm < 25, f"RSS still climbing after warm-up: {warm:.0f} -> {end:.0f} MB"
