@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 11  # bump when an example's content changes
+CACHE_VERSION = 13  # bump when an example's content changes
 
 
 @dataclass

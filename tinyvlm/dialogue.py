@@ -24,9 +24,11 @@ class Style:
     noise: bool = True
     json_share: float = 0.06
     unknown_weight: float = 0.8
+    compositional_unknowns: bool = False  # training: grammar.compositional_unknown
+    filler_share: float = 0.0  # training: a stray unknown word around the question (grammar.with_filler)
 
 
-TRAINING = Style()
+TRAINING = Style(unknown_weight=1.2, compositional_unknowns=True, filler_share=0.12)
 HELD_OUT_FAMILIES = Style(Split.HELD_OUT, noise=False, json_share=0.0, unknown_weight=0.0)
 PLAIN = Style(noise=False, json_share=0.0, unknown_weight=0.0)  # training families, no noise
 
@@ -155,12 +157,15 @@ def ask_text(scene: Scene, rng: random.Random, split: Split) -> Turn | None:
     )
 
 
-def ask_unknown(scene: Scene, rng: random.Random, split: Split) -> Turn:
+def ask_unknown(scene: Scene, rng: random.Random, split: Split, compositional: bool = False) -> Turn:
     """A question about something the model does not know, answered "I can't tell"."""
     obj = rng.choice(scene.objects)
     refs = _plain_refs(obj, scene, rng)
     ref = rng.choice(sorted(refs.values())) if refs else "the shape"
-    question, family = grammar.unknown_question(rng, split, ref)
+    if compositional:
+        question, family = grammar.compositional_unknown(rng, ref)
+    else:
+        question, family = grammar.unknown_question(rng, split, ref)
     return Turn(question, pb.CANNOT_TELL, "unknown", False, split is Split.HELD_OUT, family=family)
 
 
@@ -184,9 +189,10 @@ def fresh_question(
             turn = ask_attribute(obj, rng.choice(ATTRIBUTES), scene, rng, style.split)
             if turn is not None:
                 return turn, obj
-        elif kind in ("count", "presence", "unknown"):
-            ask = {"count": ask_count, "presence": ask_presence, "unknown": ask_unknown}[kind]
-            return ask(scene, rng, style.split), None
+        elif kind == "unknown":
+            return ask_unknown(scene, rng, style.split, style.compositional_unknowns), None
+        elif kind in ("count", "presence"):
+            return (ask_count if kind == "count" else ask_presence)(scene, rng, style.split), None
         else:
             turn_or_none = (ask_relative if kind == "relative" else ask_text)(scene, rng, style.split)
             if turn_or_none is not None:
@@ -194,7 +200,9 @@ def fresh_question(
 
 
 def dressed(turn: Turn, rng: random.Random, style: Style = TRAINING) -> Turn:
-    """The turn as typed: JSON asked for now and then, and surface noise."""
+    """The turn as typed: a stray word now and then, JSON asked for now and then, and surface noise."""
+    if style.filler_share and rng.random() < style.filler_share:
+        turn = replace(turn, question=grammar.with_filler(turn.question, rng))
     if style.json_share and rng.random() < style.json_share:
         turn = as_json(turn, rng)
     if style.noise:

@@ -26,7 +26,7 @@ from tinyvlm.questions import Turn
 from tinyvlm.scene import (
     HELD_OUT_FONT,
     LEGACY_SPEC,
-    TRAIN_SPEC,
+    VARIED_SPEC,
     VARIETY_SLACK,
     Scene,
     SceneSpec,
@@ -69,7 +69,7 @@ def _conversation(spec: SceneSpec, style: dialogue.Style) -> Maker:
     return make
 
 
-def _single(ask: Callable[[Scene, random.Random], Turn | None], spec: SceneSpec = TRAIN_SPEC) -> Maker:
+def _single(ask: Callable[[Scene, random.Random], Turn | None], spec: SceneSpec = VARIED_SPEC) -> Maker:
     def make(rng: random.Random) -> Item | None:
         scene = sample_scene(rng, spec)
         turn = ask(scene, rng)
@@ -220,16 +220,16 @@ def _unknown(split: grammar.Split) -> Maker:
 
 
 def _json(rng: random.Random) -> Item | None:
-    scene = sample_scene(rng, TRAIN_SPEC)
+    scene = sample_scene(rng, VARIED_SPEC)
     turn, _ = dialogue.fresh_question(scene, rng, dialogue.PLAIN)
     return Item(scene, [dialogue.as_json(turn, rng)]) if turn.qtype != "unknown" else None
 
 
 def rows() -> Iterator[Row]:
     """Every row of the people's-own-words eval, in report order."""
-    yield Row("seen_families", draw_items("seen", _conversation(TRAIN_SPEC, dialogue.PLAIN), 600))
+    yield Row("seen_families", draw_items("seen", _conversation(VARIED_SPEC, dialogue.PLAIN), 600))
     yield Row(
-        "held_out_families", draw_items("held", _conversation(TRAIN_SPEC, dialogue.HELD_OUT_FAMILIES), 400)
+        "held_out_families", draw_items("held", _conversation(VARIED_SPEC, dialogue.HELD_OUT_FAMILIES), 400)
     )
     yield from surface_rows()
     yield from _second_renderer()

@@ -7,8 +7,10 @@ least one held-out family in it (a frame, a core or a pronoun that training neve
 """
 
 import random
+import re
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from tinyvlm import phrasebook as pb
 from tinyvlm import templates
@@ -111,6 +113,79 @@ def unknown_question(rng: random.Random, split: Split, ref: str) -> tuple[str, s
         return fill(base.template, what=plural), f"unknown/{plural}"
     template = rng.choice(pb.UNKNOWN_QUESTIONS[held])
     return fill(template, ref=ref), "unknown/" + template
+
+
+_VOWELS, _CONSONANTS = "aeiou", "bcdfghjklmnprstvwz"
+
+
+def made_up_word(rng: random.Random) -> str:
+    """A pronounceable word of 3 to 8 letters that names nothing the model knows and holds no
+    held-out topic word (``phrasebook.HELD_OUT_WORDS``)."""
+    while True:
+        letters = []
+        vowel = rng.random() < 0.3
+        for _ in range(rng.randint(3, 8)):
+            letters.append(rng.choice(_VOWELS if vowel else _CONSONANTS))
+            vowel = not vowel if rng.random() < 0.85 else vowel
+        word = "".join(letters)
+        held_out = pb.HELD_OUT_WORDS + pb.HELD_OUT_FRAME_WORDS
+        if word not in _known_words() and not any(held in word for held in held_out):
+            return word
+
+
+@lru_cache(maxsize=1)
+def _known_words() -> frozenset[str]:
+    """Every word of the tokenizer's corpus (the grammar's words): a made-up word is none of them."""
+    from tinyvlm import tokenizer  # imports this module
+
+    return frozenset(w for text in tokenizer.corpus() for w in re.findall(r"[a-z]+", text.lower()))
+
+
+def with_filler(text: str, rng: random.Random) -> str:
+    """The question with a stray word that means nothing here ("Zobat, what colour is it?", "What
+    colour is it, kettle?"): answered as without it, so unknown pieces outside a reference do not
+    make a question unknown (only the referent or the attribute asked does)."""
+    word = made_up_word(rng) if rng.random() < 0.7 else rng.choice(pb.UNKNOWN_NOUNS)
+    if rng.random() < 0.6:
+        return f"{word.capitalize()}{rng.choice((', ', ': ', ' - '))}{text[0].lower()}{text[1:]}"
+    mark = text[-1] if text[-1] in "?." else ""
+    return f"{text[: len(text) - len(mark)]}, {word}{mark}"
+
+
+def plural(noun: str) -> str:
+    if noun.endswith(("s", "sh", "ch", "x")):
+        return noun + "es"
+    if noun.endswith("y") and noun[-2:-1] not in _VOWELS:
+        return noun[:-1] + "ies"
+    return noun + "s"
+
+
+def unknown_thing(rng: random.Random) -> str:
+    """An everyday noun or a made-up word: no shape, colour or cell of the model's world."""
+    known = set(pb.SHAPE_NOUNS) | set(pb.PLURAL_SHAPE_NOUNS)
+    while True:
+        word = rng.choice(pb.UNKNOWN_NOUNS) if rng.random() < 0.6 else made_up_word(rng)
+        if word not in known:
+            return word
+
+
+def compositional_unknown(rng: random.Random, ref: str) -> tuple[str, str]:
+    """Training's unknown questions: the fixed lists of ``unknown_question``, plus unknown nouns and
+    made-up words in any frame and unknowable attributes of anything (``phrasebook.UNKNOWN_NOUNS``)."""
+    roll = rng.random()
+    if roll < 0.35:
+        return unknown_question(rng, Split.TRAIN, ref)
+    thing = unknown_thing(rng)
+    if roll < 0.6:
+        kind = rng.choice(("colour", "shape", "size", "position"))
+        return fill(phrasing(kind, rng, Split.TRAIN).template, ref=f"the {thing}"), "unknown/noun"
+    if roll < 0.72:
+        return fill(phrasing("count", rng, Split.TRAIN).template, what=plural(thing)), "unknown/plural"
+    about = ref if rng.random() < 0.5 else f"the {thing}"
+    if roll < 0.88:
+        attr = rng.choice(pb.UNKNOWN_ATTRIBUTES) if rng.random() < 0.7 else made_up_word(rng)
+        return fill(rng.choice(pb.UNKNOWN_ATTRIBUTE_TEMPLATES), attr=attr, ref=about), "unknown/attribute"
+    return fill(rng.choice(pb.UNKNOWN_WHOLE), ref=about), "unknown/whole"
 
 
 def json_answer(qtype: str, answer: str, rng: random.Random) -> tuple[str, str]:

@@ -22,17 +22,17 @@ def _regular(cx: float, cy: float, r: float, n: int, phase: float) -> list[Point
     ]
 
 
-def _star(cx: float, cy: float, r: float) -> list[Point]:
+def _star(cx: float, cy: float, r: float, inner: float = 0.45) -> list[Point]:
     points = []
     for k in range(10):
-        radius = r if k % 2 == 0 else r * 0.45
+        radius = r if k % 2 == 0 else r * inner
         angle = -math.pi / 2 + math.pi * k / 5
         points.append((cx + radius * math.cos(angle), cy + radius * math.sin(angle)))
     return points
 
 
-def _cross(cx: float, cy: float, r: float) -> list[Point]:
-    a, b = r, r * 0.35
+def _cross(cx: float, cy: float, r: float, arm: float = 0.35) -> list[Point]:
+    a, b = r, r * arm
     outline = [
         (-b, -a),
         (b, -a),
@@ -48,6 +48,25 @@ def _cross(cx: float, cy: float, r: float) -> list[Point]:
         (-b, -b),
     ]
     return [(cx + x, cy + y) for x, y in outline]
+
+
+def _turned(points: list[Point], cx: float, cy: float, degrees: float) -> list[Point]:
+    if not degrees:
+        return points
+    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    return [(cx + c * (x - cx) - s * (y - cy), cy + s * (x - cx) + c * (y - cy)) for x, y in points]
+
+
+def object_polygon(obj: Obj, cx: float, cy: float, r: float) -> list[Point]:
+    """The outline of a non-circle object in its own proportions and turn (``Obj``'s drawing fields)."""
+    r *= obj.extent
+    if obj.shape == "star":
+        points = _star(cx, cy, r * 1.1, obj.inner)
+    elif obj.shape == "cross":
+        points = _cross(cx, cy, r, obj.arm)
+    else:
+        points = polygon(obj.shape, cx, cy, r)
+    return _turned(points, cx, cy, obj.angle)
 
 
 def polygon(shape: str, cx: float, cy: float, r: float) -> list[Point]:
@@ -85,9 +104,10 @@ def _draw_object(draw: ImageDraw.ImageDraw, obj: Obj, scene: Scene, width: int, 
     if outline is None:
         line = 0
     if obj.shape == "circle":
+        r *= obj.extent
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=obj.rgb, outline=outline, width=line)
     else:
-        draw.polygon(polygon(obj.shape, cx, cy, r), fill=obj.rgb, outline=outline, width=line)
+        draw.polygon(object_polygon(obj, cx, cy, r), fill=obj.rgb, outline=outline, width=line)
 
 
 def _outline_colour(obj: Obj, scene: Scene) -> tuple[int, int, int] | None:
@@ -111,17 +131,51 @@ def _glyph_font(glyph: Glyph, width: int, height: int, font: str = "default") ->
     return x, y, _font(max(8, round(side * 0.8)), font)
 
 
-def _draw_glyph(draw: ImageDraw.ImageDraw, glyph: Glyph, width: int, height: int, font: str) -> None:
+def _glyph_matrix(glyph: Glyph) -> tuple[float, float, float, float]:
+    """(a, b, c, d): the glyph's slant, width and turn as x' = a x + b y, y' = c x + d y about its
+    anchor (y grows downwards, so a slant to the right shifts the top, y < 0, to larger x)."""
+    cos, sin = math.cos(math.radians(glyph.angle)), math.sin(math.radians(glyph.angle))
+    sx, sh = glyph.stretch, -glyph.shear
+    return cos * sx, cos * sh - sin, sin * sx, sin * sh + cos
+
+
+def _transformed(glyph: Glyph) -> bool:
+    return (glyph.shear, glyph.stretch, glyph.angle) != (0.0, 1.0, 0.0)
+
+
+def _draw_glyph(image: Image.Image, glyph: Glyph, width: int, height: int, font: str) -> None:
     x, y, face = _glyph_font(glyph, width, height, font)
-    draw.text((x, y), glyph.char, fill=glyph.rgb, font=face, anchor="mm")
+    if not _transformed(glyph):
+        ImageDraw.Draw(image).text((x, y), glyph.char, fill=glyph.rgb, font=face, anchor="mm")
+        return
+    # Drawn upright on a mask around the anchor, mapped through the matrix, pasted in its colour.
+    half = round(getattr(face, "size", 16) * 1.5) + 2  # room for the slant and the turn
+    side = 2 * half
+    mask = Image.new("L", (side, side), 0)
+    ImageDraw.Draw(mask).text((half, half), glyph.char, fill=255, font=face, anchor="mm")
+    a, b, c, d = _glyph_matrix(glyph)
+    det = a * d - b * c
+    ia, ib, ic, id_ = d / det, -b / det, -c / det, a / det  # output pixel -> mask pixel
+    coeffs = (ia, ib, half - ia * half - ib * half, ic, id_, half - ic * half - id_ * half)
+    warped = mask.transform((side, side), Image.Transform.AFFINE, coeffs, resample=Image.Resampling.BILINEAR)
+    origin = (round(x) - half, round(y) - half)
+    image.paste(Image.new("RGB", (side, side), glyph.rgb), origin, warped)
 
 
 def glyph_box(
     glyph: Glyph, width: int, height: int, font: str = "default"
 ) -> tuple[float, float, float, float]:
-    """The glyph's ink bounding box (left, top, right, bottom) in pixels."""
+    """The glyph's ink bounding box (left, top, right, bottom) in pixels; for a slanted, stretched or
+    turned glyph, the box of the upright box's corners mapped the same way."""
     x, y, face = _glyph_font(glyph, width, height, font)
-    return ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=face, anchor="mm")
+    box = ImageDraw.Draw(Image.new("L", (1, 1))).textbbox((x, y), glyph.char, font=face, anchor="mm")
+    if not _transformed(glyph):
+        return box
+    a, b, c, d = _glyph_matrix(glyph)
+    corners = [(px - x, py - y) for px in (box[0], box[2]) for py in (box[1], box[3])]
+    xs = [x + a * u + b * v for u, v in corners]
+    ys = [y + c * u + d * v for u, v in corners]
+    return min(xs), min(ys), max(xs), max(ys)
 
 
 def _background(scene: Scene, width: int, height: int) -> np.ndarray:
@@ -175,7 +229,7 @@ def render(scene: Scene, scale: float = 1.0, seed: int = 0) -> Image.Image:
     for obj in scene.objects:
         _draw_object(draw, obj, scene, width, height)
     if scene.glyph is not None:
-        _draw_glyph(draw, scene.glyph, width, height, scene.font)
+        _draw_glyph(image, scene.glyph, width, height, scene.font)
     return Image.fromarray(_add_noise(np.asarray(image), scene.noise * scale, seed))
 
 

@@ -32,6 +32,13 @@ class Obj:
     dy: float
     radius: float
     rgb: tuple[int, int, int]
+    # How this one is drawn (``SceneSpec.augment``; defaults: render.py's fixed proportions): its
+    # extent as a share of the radius, a turn in degrees, a cross's arm half-width and a star's inner
+    # radius, as shares of the radius.
+    extent: float = 1.0
+    angle: float = 0.0
+    arm: float = 0.35
+    inner: float = 0.45
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class Glyph:
     char: str
     cell: Cell
     rgb: tuple[int, int, int]
+    # Slant (x shift per unit of height, positive leans right), width factor and turn in degrees
+    # (``SceneSpec.augment``; defaults: upright, as the font draws it).
+    shear: float = 0.0
+    stretch: float = 1.0
+    angle: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,10 +95,15 @@ class SceneSpec:
     # frames, colour shades, outline styles, several glyph fonts, any JPEG quality. Off, scenes are
     # drawn exactly as for the first model (the held-out set stays the same pictures).
     variety: bool = False
+    # Training only, on top of ``variety``: offsets with mass at the cell's edges, each object drawn
+    # in its own proportions and turn, slanted, narrow and turned glyphs, and a share of pictures in
+    # the first look (tinyvlm/notes/2026-12-04-missed-rows.md). Off, no extra draws are made.
+    augment: bool = False
 
 
 LEGACY_SPEC = SceneSpec()
-TRAIN_SPEC = SceneSpec(variety=True)
+VARIED_SPEC = SceneSpec(variety=True)  # the eval's pictures of the training look
+TRAIN_SPEC = SceneSpec(variety=True, augment=True)
 WIDE_SPEC = SceneSpec(object_weights=(0, 0, 0, 1, 2, 3), glyph_prob=0.6, extreme_sizes=True)
 TEXTURES = ("plain", "stripes", "checks", "blotches", "vignette")
 OUTLINES = ("ink", "none", "shade")
@@ -95,6 +112,8 @@ FONTS = ("default", "DejaVuSans-Bold", "DejaVuSans", "DejaVuSansMono", "DejaVuSe
 HELD_OUT_FONT = "DejaVuSansCondensed-Oblique"  # the eval's other-font row; never in training
 VARIETY_SLACK = 0.9  # an object's centre may stray this share of the room left in its cell
 VARIETY_ASPECT = 2.2
+LEGACY_SHARE = 0.25  # augmented training: pictures drawn in the first look (its shapes read best)
+EDGE_SHARE = 0.5  # augmented training: offsets drawn near the edge of the room, per axis
 
 
 def _side(rng: random.Random, spec: SceneSpec) -> int:
@@ -123,12 +142,12 @@ def ink(background: tuple[int, int, int]) -> tuple[int, int, int]:
     return (245, 245, 245) if sum(background) < 384 else (15, 15, 15)
 
 
-def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0, variety: bool = False) -> Obj:
+def _object(rng: random.Random, cell: Cell, spec: SceneSpec) -> Obj:
     size = rng.choice(vocab.SIZES)
-    radius = rng.uniform(*(BIG_RADIUS if size == "big" else SMALL_RADIUS)) * radius_scale
-    slack = max(0.0, 0.5 - radius) * (VARIETY_SLACK if variety else CENTRE_SLACK)
+    radius = rng.uniform(*(BIG_RADIUS if size == "big" else SMALL_RADIUS)) * spec.radius_scale
+    slack = max(0.0, 0.5 - radius) * (VARIETY_SLACK if spec.variety else CENTRE_SLACK)
     colour = rng.choice(list(vocab.COLOURS))
-    return Obj(
+    obj = Obj(
         shape=rng.choice(vocab.SHAPES),
         colour=colour,
         size=size,
@@ -136,7 +155,37 @@ def _object(rng: random.Random, cell: Cell, radius_scale: float = 1.0, variety: 
         dx=rng.uniform(-slack, slack),
         dy=rng.uniform(-slack, slack),
         radius=radius,
-        rgb=_shade(vocab.COLOURS[colour], rng) if variety else _jitter(vocab.COLOURS[colour], rng, 12),
+        rgb=_shade(vocab.COLOURS[colour], rng) if spec.variety else _jitter(vocab.COLOURS[colour], rng, 12),
+    )
+    return _augmented(obj, slack, rng) if spec.augment else obj
+
+
+def _edge_offset(slack: float, rng: random.Random) -> float:
+    """Uniform half the time, else near the edge of the room: a uniform draw leaves an object in a
+    corner of its cell (both offsets near the edge) about 1 % of the time, too rare to be learnt."""
+    if rng.random() < EDGE_SHARE:
+        return rng.uniform(-slack, slack)
+    return rng.choice((-1, 1)) * rng.uniform(0.75, 1.0) * slack
+
+
+def _augmented(obj: Obj, slack: float, rng: random.Random) -> Obj:
+    """Offsets with mass at the edges and the object's own drawing proportions. The extent range
+    keeps the size classes apart (small at most 0.29 x 1.05, big at least 0.38 x 0.88)."""
+    return replace(
+        obj,
+        dx=_edge_offset(slack, rng),
+        dy=_edge_offset(slack, rng),
+        extent=rng.uniform(0.88, 1.05),
+        angle=rng.uniform(-10.0, 10.0),
+        arm=rng.uniform(0.2, 0.4),
+        inner=rng.uniform(0.38, 0.5),
+    )
+
+
+def _augmented_glyph(glyph: Glyph, rng: random.Random) -> Glyph:
+    """Slanted, narrow or wide, and turned: training's fonts are all upright and of normal width."""
+    return replace(
+        glyph, shear=rng.uniform(-0.3, 0.3), stretch=rng.uniform(0.7, 1.15), angle=rng.uniform(-6.0, 6.0)
     )
 
 
@@ -177,6 +226,8 @@ def _repeat_attributes(objects: list[Obj], rng: random.Random, chance: float) ->
 
 
 def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
+    if spec.augment and rng.random() < LEGACY_SHARE:
+        spec = replace(spec, variety=False, augment=False)
     width, height = sample_size(rng, spec)
     n = rng.choices(range(1, vocab.MAX_OBJECTS + 1), weights=spec.object_weights)[0]
     has_glyph = rng.random() < spec.glyph_prob
@@ -186,9 +237,11 @@ def sample_scene(rng: random.Random, spec: SceneSpec = TRAIN_SPEC) -> Scene:
     glyph = None
     if has_glyph:
         glyph = Glyph(char=rng.choice(vocab.GLYPHS), cell=cells[-1], rgb=ink(background))
+        if spec.augment:
+            glyph = _augmented_glyph(glyph, rng)
     fmt = rng.choice(("png", "jpeg"))
     gradient, noise = (rng.uniform(-25, 25), rng.uniform(-25, 25)), rng.uniform(2.0, 10.0)
-    objects = [_object(rng, cell, spec.radius_scale, spec.variety) for cell in cells[:n]]
+    objects = [_object(rng, cell, spec) for cell in cells[:n]]
     if spec.repeat:  # no extra draws otherwise: the other specs' scenes stay as they were
         objects = _repeat_attributes(objects, rng, spec.repeat)
     scene = Scene(

@@ -75,12 +75,12 @@ class TrainConfig:
     vision_lr_scale: float = 0.3
     # A first stage that trains the vision tower alone on the image-token labels (cheap: 36 patches
     # a picture, no language model), so the language model reads useful features from its first step.
-    vision_steps: int = 1000
+    vision_steps: int = 1800
     vision_batch: int = 32
     vision_lr: float = 1e-3
     seed: int = 1234
     log_every: int = 25
-    save_every: int = 50
+    save_every: int = 200
     workers: int = 2
     stop_after: int | None = None  # cut the joint stage short (and leave the polish out)
     curriculum: bool = True
