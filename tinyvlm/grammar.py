@@ -160,12 +160,14 @@ def plural(noun: str) -> str:
     return noun + "s"
 
 
+_SHAPE_WORDS = frozenset(pb.SHAPE_NOUNS + pb.PLURAL_SHAPE_NOUNS)  # words that name a shape
+
+
 def unknown_thing(rng: random.Random) -> str:
     """An everyday noun or a made-up word: no shape, colour or cell of the model's world."""
-    known = set(pb.SHAPE_NOUNS) | set(pb.PLURAL_SHAPE_NOUNS)
     while True:
         word = rng.choice(pb.UNKNOWN_NOUNS) if rng.random() < 0.6 else made_up_word(rng)
-        if word not in known:
+        if word not in _SHAPE_WORDS:
             return word
 
 
