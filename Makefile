@@ -53,11 +53,13 @@ bench-smoke: venv
 	$(BIN)/python -m bench.engine_bench --smoke
 	$(BIN)/python -m bench.service_bench --smoke
 	$(BIN)/python -m bench.gpu_bench --smoke
+	$(BIN)/python -m bench.gpu_exactness --smoke
 	$(BIN)/python -m bench.scale_bench --smoke
 	$(BIN)/python -m bench.priority_bench --smoke
 
-# vlmq vs transformers serve on a CUDA device, random ~0.85B GLM-4V (needs a CUDA build of torch)
+# exactness on CUDA (fp32, bf16), then vlmq vs transformers serve on a CUDA device, random ~0.85B GLM-4V (needs a CUDA build of torch)
 bench-gpu: venv
+	$(BIN)/python -m bench.gpu_exactness --device cuda
 	VLMQ_DEVICE=cuda $(BIN)/python -m bench.gpu_bench
 
 # 1 vs 2 inference workers, cache-aware routing on/off (~6 min); exits 1 if routing loses session hits

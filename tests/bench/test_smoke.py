@@ -64,6 +64,13 @@ def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
     assert all(r["not_max_tokens"] == [] and r["errors"] == 0 for r in result["rows"])
 
 
+def test_gpu_exactness_smoke_on_cpu(tmp_path: Path) -> None:
+    """The CUDA exactness check's script, on CPU: batched, prefix-cached answers equal generate."""
+    result = run_bench("bench.gpu_exactness", tmp_path)
+    (mode,) = result["results"]
+    assert mode["matched"] == mode["requests"] == 2 and mode["largest_batch"] == 2
+
+
 def test_priority_bench_smoke(tmp_path: Path) -> None:
     """A stack with the niced batch decode node and the batch hold, both floods, every job done."""
     result = run_bench("bench.priority_bench", tmp_path)

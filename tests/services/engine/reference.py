@@ -60,6 +60,7 @@ def reference(
         inputs = _tiny_inputs(model, processor, text, imgs)
     else:
         inputs = dict(processor(text=[text], images=imgs or None, return_tensors="pt"))
+    inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     with torch.inference_mode():
         out = model.generate(
             **inputs,
