@@ -72,8 +72,10 @@ def check_mode(mode: str, device: str, n: int, max_tokens: int) -> dict[str, Any
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU, fp32, two requests")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--modes", default="none,bf16", help="quantization modes to check")
@@ -83,16 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.modes, args.requests = "cpu", "none", 2
+    return args
+
+
+def print_report(name: str, results: list[dict[str, Any]]) -> None:
+    for r in results:
+        print(f"{name} {r['mode']}: {r['matched']}/{r['requests']} token-identical", end="")
+        print(f" (largest batch {r['largest_batch']})")
+        for row in (row for row in r["rows"] if not row["match"]):
+            gap = row["logit_gap"]
+            print(f"  {row['request']} diverged at token {row['diverged_at']}, logit gap {gap:.2e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     results = [check_mode(m, args.device, args.requests, args.max_tokens) for m in args.modes.split(",")]
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
-    report = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": name, "results": results}
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"gpu_exactness{'_smoke' if args.smoke else ''}.json").write_text(json.dumps(report, indent=2))
-    for r in results:
-        print(f"{name} {r['mode']}: {r['matched']}/{r['requests']} token-identical (largest batch {r['largest_batch']})")
-        for row in r["rows"]:
-            if not row["match"]:
-                print(f"  {row['request']} diverged at token {row['diverged_at']}, logit gap {row['logit_gap']:.2e}")
+    path = args.out / f"gpu_exactness{'_smoke' if args.smoke else ''}.json"
+    path.write_text(json.dumps({"when": when, "device": name, "results": results}, indent=2))
+    print_report(name, results)
     return 0 if all(r["matched"] == r["requests"] for r in results) else 1
 
 

@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 13  # bump when an example's content changes
+CACHE_VERSION = 14  # bump when an example's content changes
 
 
 @dataclass
@@ -235,11 +235,19 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     # Counting is the slowest answer to learn: every training conversation ends with one more count.
     turns = [*turns, count]
     if spec.drills:
-        turns = [*turns, *questions.drills(scene, rng)]
+        turns = [*turns, *questions.drills(scene, rng, lambda: _relative_drill(scene, rng, spec))]
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
     return scene, turns
+
+
+def _relative_drill(scene: Scene, rng: random.Random, spec: SceneSpec) -> list[Turn]:
+    """For a varied spec, one more left/right or above/below question in people's words."""
+    if not spec.variety:
+        return []
+    turn = dialogue.ask_relative(scene, rng, dialogue.Split.TRAIN)
+    return [] if turn is None else [dialogue.dressed(turn, rng)]
 
 
 def training_system_prompt(seed: int, index: int, spec: SceneSpec) -> str | None:

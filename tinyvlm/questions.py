@@ -152,14 +152,19 @@ def ask_count(scene: Scene, rng: random.Random, held_out: bool, kind: str = "any
 THROUGH_RELATIVE = tuple(a for a in ATTRIBUTES if "relative" not in LEAKS[a])
 
 
-def drills(scene: Scene, rng: random.Random) -> list[Turn]:
+def drills(scene: Scene, rng: random.Random, more: Callable[[], list[Turn]] = list) -> list[Turn]:
     """Two attribute questions through relative references ("the shape left of the red circle"),
-    where the scene has them, a count of one colour or shape and a count of all shapes."""
+    where the scene has them, a left/right or above/below question (the type that falls to chance
+    when the joint stage runs long), ``more`` turns, a count of one colour or shape and a count of
+    all shapes."""
     turns = []
     for obj in rng.sample(scene.objects, min(2, len(scene.objects))):
         turn = ask_attribute(obj, rng.choice(THROUGH_RELATIVE), scene, rng, False, kinds=("relative",))
         if turn is not None:
             turns.append(turn)
+    relative = ask_relative(scene, rng, False)
+    turns += [relative] if relative is not None else []
+    turns += more()
     return [*turns, ask_count(scene, rng, False, "one_kind"), ask_count(scene, rng, False, "all")]
 
 
