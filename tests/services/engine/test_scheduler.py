@@ -73,6 +73,8 @@ def test_batch_kv_merge_remove_extract_keep_each_rows_tokens():
     a = _kv([[1, 2, 3], [4, 5]], "a")
     a.merge(_kv([[6, 7, 8, 9]], "b"))
     assert a.length == 4 and a.ids == ["a0", "a1", "b0"]
+    # Every row right-aligned, zeros in front (masked columns must hold finite values).
+    assert a.layers()[0][0].flatten().tolist() == [0, 1, 2, 3, 0, 0, 4, 5, 6, 7, 8, 9]
     a.ids = ["x", "y", "z"]
     assert a.extract("x", 3)[0][0].flatten().tolist() == [1, 2, 3]
     assert a.extract("z", 4)[0][0].flatten().tolist() == [6, 7, 8, 9]
