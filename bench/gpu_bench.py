@@ -128,7 +128,15 @@ def level_row(
         },
         "tokens_per_s": (summary["qps"] or 0.0) * max_tokens if done else 0.0,
         "not_max_tokens": short,  # answers whose usage did not say max_tokens (must stay empty)
+        "slowest_ttft": slowest_ttft(samples),
     }
+
+
+def slowest_ttft(samples: list[Sample], n: int = 3) -> list[dict[str, float]]:
+    """The slowest first tokens, in order of sending: which request of the run a p99 stands for."""
+    timed = [s for s in samples if s.ttft is not None]
+    slowest = sorted(timed, key=lambda s: s.ttft or 0.0, reverse=True)[:n]
+    return [{"index": s.index, "ttft": s.ttft or 0.0, "sent_at": s.sent_at or 0.0} for s in slowest]
 
 
 async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> list[dict[str, Any]]:

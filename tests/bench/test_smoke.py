@@ -62,6 +62,7 @@ def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
         (s, c) for s in ("transformers-serve", "vlmq") for c in (1, 2)
     }
     assert all(r["not_max_tokens"] == [] and r["errors"] == 0 for r in result["rows"])
+    assert all(r["slowest_ttft"] and r["slowest_ttft"][0]["ttft"] > 0 for r in result["rows"])
 
 
 def test_gpu_exactness_smoke_on_cpu(tmp_path: Path) -> None:
