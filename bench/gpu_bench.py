@@ -185,6 +185,7 @@ def stack_env(args: argparse.Namespace) -> dict[str, str]:
         "VLMQ_DEVICE": args.device,
         "VLMQ_QUANTIZE": "bf16" if args.bf16 else "none",
         "VLMQ_DECODE_CONCURRENCY": "2",
+        "VLMQ_WARMUP_REQUESTS": "4",  # as the compose gpu profile and the k8s gpu overlay
         "VLMQ_LOG_LEVEL": "WARNING",
         "VLMQ_HEARTBEAT_S": "2",
         "VLMQ_CLAIM_IDLE_MS": "30000",

@@ -229,6 +229,9 @@ class InferenceSettings(CommonSettings):
         None, description="Running batch cap; default 8 on CPU, from free memory on GPU"
     )
     batch_window_ms: float = Field(10.0, description="Admission window after the first waiting request")
+    warmup_requests: int = Field(
+        0, ge=0, le=64, description="Dummy requests run before taking jobs (GPU: loads kernels; 0: none)"
+    )
     max_context_tokens: int = Field(2048, description="Prompt + completion token limit")
     prefix_cache: bool = Field(True, description="Reuse the system prompt's KV")
     session_cache: bool = Field(True, description="Keep a session's KV between turns")

@@ -273,6 +273,11 @@ class Engine:
             done.wait()
         return events
 
+    def forget_counters(self) -> None:
+        """Zero the counters (after a warm-up: the metrics count real work only)."""
+        with self._cv:
+            self._stats = EngineStats(max_batch=self._stats.max_batch)
+
     def stats(self) -> EngineStats:
         with self._cv:
             s = self._stats

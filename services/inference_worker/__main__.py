@@ -19,6 +19,7 @@ from types import FrameType
 from services.engine import Engine
 from services.inference_worker.engine_setup import engine_config, pixel_processor
 from services.inference_worker.loop import InferenceWorker
+from services.inference_worker.warmup import warm_up
 from shared import log_context, tracing
 from shared.config import get_inference_settings
 from shared.redis_clients import sync_client
@@ -61,6 +62,7 @@ def main() -> int:
     install_signals(worker)
     engine.start()
     engine.prewarm()
+    warm_up(engine, settings.warmup_requests)
     worker.run()
     return 0 if engine.healthy else EXIT_ENGINE_UNHEALTHY
 

@@ -1,0 +1,84 @@
+"""Dummy requests through the engine before the worker takes jobs (``VLMQ_WARMUP_REQUESTS``).
+
+On a GPU the first forwards at each new shape load kernels lazily: in the GPU bench the first
+requests after start waited ~1 s for their first token against ~0.1 s later (bench/README.md, "On
+a GPU"). The dummies bypass the caches, and the engine's counters forget them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+from PIL import Image
+
+from services.engine import Engine, GenerationRequest, ImageInput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Questions of several lengths: the prefill shapes (and so the kernels) differ with the prompt's length.
+QUESTIONS = (
+    "What is this?",
+    "What colour is the largest shape in the picture?",
+    "Describe the picture: every object, its colour, its size and where it is, from left to right.",
+)
+GREY = (128, 128, 128)
+
+
+def blank_image(engine: Engine, side: int = 224) -> ImageInput | None:
+    """A grey square through the engine's image processor; None for a model without one."""
+    processor: Any = engine.image_processor
+    if processor is None:
+        return None
+    picture = Image.new("RGB", (side, side), GREY)
+    out = processor(images=[picture], return_tensors="pt")
+    extra = {k: v for k, v in out.items() if k not in ("pixel_values", "image_grid_thw")}
+    grid = out.get("image_grid_thw")
+    grid = grid if grid is not None else torch.zeros(0)
+    return ImageInput(out["pixel_values"], grid, hashlib.sha256(picture.tobytes()).hexdigest(), extra)
+
+
+def warmup_requests(engine: Engine, n: int, max_tokens: int = 4) -> list[GenerationRequest]:
+    image = blank_image(engine)
+    parts: list[dict[str, Any]] = [{"type": "image"}] if image is not None else []
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [
+        GenerationRequest(
+            f"warmup-{i}",
+            [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTIONS[i % len(QUESTIONS)]}]}],
+            [image] if image is not None else [],
+            sampling,
+            use_cache=False,
+        )
+        for i in range(n)
+    ]
+
+
+def run_together(engine: Engine, requests: list[GenerationRequest], timeout_s: float) -> None:
+    """Submit all at once (they share prefills and decode steps) and wait until every one ended."""
+    left = threading.Semaphore(0)
+    callback = lambda event: left.release() if event.finished else None  # noqa: E731
+    refused = engine.submit_many([(request, callback) for request in requests])
+    deadline = time.monotonic() + timeout_s
+    for _ in range(sum(r is None for r in refused)):
+        if not left.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("warm-up requests did not finish in time")
+
+
+def warm_up(engine: Engine, n: int, timeout_s: float = 300.0) -> float:
+    """Run ``n`` dummy requests (the first alone, then the rest as one batch); seconds taken."""
+    if n <= 0:
+        return 0.0
+    started = time.perf_counter()
+    first, *rest = warmup_requests(engine, n)
+    engine.generate_sync(first, timeout_s)
+    if rest:
+        run_together(engine, rest, timeout_s)
+    engine.forget_counters()
+    took = time.perf_counter() - started
+    log.info("warm-up: %d dummy requests in %.2f s", n, took)
+    return took
