@@ -70,14 +70,19 @@ def run_together(engine: Engine, requests: list[GenerationRequest], timeout_s: f
 
 
 def warm_up(engine: Engine, n: int, timeout_s: float = 300.0) -> float:
-    """Run ``n`` dummy requests (the first alone, then the rest as one batch); seconds taken."""
+    """Run ``n`` dummy requests (the first alone, then the rest as one batch); seconds taken.
+    A failure is logged, not raised: the warm-up only saves the first jobs time, and an engine that
+    cannot serve shows it in its health like any other step failure."""
     if n <= 0:
         return 0.0
     started = time.perf_counter()
-    first, *rest = warmup_requests(engine, n)
-    engine.generate_sync(first, timeout_s)
-    if rest:
-        run_together(engine, rest, timeout_s)
+    try:
+        first, *rest = warmup_requests(engine, n)
+        engine.generate_sync(first, timeout_s)
+        if rest:
+            run_together(engine, rest, timeout_s)
+    except Exception:
+        log.warning("warm-up failed; serving without it", exc_info=True)
     engine.forget_counters()
     took = time.perf_counter() - started
     log.info("warm-up: %d dummy requests in %.2f s", n, took)

@@ -3,6 +3,8 @@ leaving no trace in the caches or the counters, and no effect on the answers tha
 
 from __future__ import annotations
 
+import pytest
+
 from bench.common import draw_image, image_input, load_bundled
 from services.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
 from services.inference_worker.warmup import warm_up, warmup_requests
@@ -45,5 +47,15 @@ def test_warmup_requests_differ_in_length_and_carry_the_picture() -> None:
         prompts = {len(engine.prompts.build(r).token_ids) for r in requests}
         assert len(prompts) == 3 and all(len(r.images) == 1 and not r.use_cache for r in requests)
         assert warm_up(engine, 0) == 0.0 and engine.stats().submitted == 0
+    finally:
+        engine.stop()
+
+
+def test_a_failed_warm_up_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    engine = _engine()
+    try:
+        engine.stop(drain_timeout_s=5)  # a stopped engine refuses every request
+        assert warm_up(engine, 2) >= 0.0
+        assert "warm-up failed" in caplog.text and engine.stats().submitted == 0
     finally:
         engine.stop()
