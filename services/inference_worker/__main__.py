@@ -58,11 +58,12 @@ def main() -> int:
     set_torch_threads(settings.torch_threads)
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
-    worker = InferenceWorker(settings, engine, client, pixel_processor(engine, settings.model))
+    pixels = pixel_processor(engine, settings.model)
+    worker = InferenceWorker(settings, engine, client, pixels)
     install_signals(worker)
     engine.start()
     engine.prewarm()
-    warm_up(engine, settings.warmup_requests)
+    warm_up(engine, pixels, settings.warmup_requests)
     worker.run()
     return 0 if engine.healthy else EXIT_ENGINE_UNHEALTHY
 

@@ -13,10 +13,11 @@ import threading
 import time
 from typing import Any
 
-import torch
 from PIL import Image
 
 from services.engine import Engine, GenerationRequest, ImageInput, SamplingParams
+from services.inference_worker.engine_request import image_input
+from services.vlm.image_processor import ImageProcessorHandle
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +30,20 @@ QUESTIONS = (
 GREY = (128, 128, 128)
 
 
-def blank_image(engine: Engine, side: int = 224) -> ImageInput | None:
-    """A grey square through the engine's image processor; None for a model without one."""
-    processor: Any = engine.image_processor
-    if processor is None:
+def blank_image(engine: Engine, pixels: ImageProcessorHandle) -> ImageInput | None:
+    """A grey square the way a job's picture arrives: the decode worker's wire form, made whole
+    again here (``ImageProcessorHandle.from_wire``); None for a model without an image processor."""
+    if engine.image_processor is None:
         return None
-    picture = Image.new("RGB", (side, side), GREY)
-    out = processor(images=[picture], return_tensors="pt")
-    extra = {k: v for k, v in out.items() if k not in ("pixel_values", "image_grid_thw")}
-    grid = out.get("image_grid_thw")
-    grid = grid if grid is not None else torch.zeros(0)
-    return ImageInput(out["pixel_values"], grid, hashlib.sha256(picture.tobytes()).hexdigest(), extra)
+    picture = Image.new("RGB", (224, 224), GREY)
+    digest = hashlib.sha256(picture.tobytes()).hexdigest()
+    return image_input(pixels.from_wire(pixels.wire(picture)), digest)
 
 
-def warmup_requests(engine: Engine, n: int, max_tokens: int = 4) -> list[GenerationRequest]:
-    image = blank_image(engine)
+def warmup_requests(
+    engine: Engine, pixels: ImageProcessorHandle, n: int, max_tokens: int = 4
+) -> list[GenerationRequest]:
+    image = blank_image(engine, pixels)
     parts: list[dict[str, Any]] = [{"type": "image"}] if image is not None else []
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return [
@@ -69,7 +69,7 @@ def run_together(engine: Engine, requests: list[GenerationRequest], timeout_s: f
             raise TimeoutError("warm-up requests did not finish in time")
 
 
-def warm_up(engine: Engine, n: int, timeout_s: float = 300.0) -> float:
+def warm_up(engine: Engine, pixels: ImageProcessorHandle, n: int, timeout_s: float = 300.0) -> float:
     """Run ``n`` dummy requests (the first alone, then the rest as one batch); seconds taken.
     A failure is logged, not raised: the warm-up only saves the first jobs time, and an engine that
     cannot serve shows it in its health like any other step failure."""
@@ -77,7 +77,7 @@ def warm_up(engine: Engine, n: int, timeout_s: float = 300.0) -> float:
         return 0.0
     started = time.perf_counter()
     try:
-        first, *rest = warmup_requests(engine, n)
+        first, *rest = warmup_requests(engine, pixels, n)
         engine.generate_sync(first, timeout_s)
         if rest:
             run_together(engine, rest, timeout_s)
