@@ -457,6 +457,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     args.levels = [int(x) for x in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
+    if 1 not in args.levels:  # the overhead, the hops and the answers' agreement are measured there
+        parser.error("--levels must include 1")
     args.requests = {"smoke": 2, "quick": 6, "full": 16}[args.mode]
     if args.sustain_s is None:
         args.sustain_s = {"smoke": 2.0, "quick": 30.0, "full": 300.0}[args.mode]

@@ -24,6 +24,7 @@ class BenchRequest:
     question: str
     width: int
     height: int
+    answer: str = ""  # the right answer (the scene's ground truth)
 
     @property
     def data_url(self) -> str:
@@ -55,7 +56,7 @@ def make_requests(count: int, seed: int = 0) -> list[BenchRequest]:
         )
         turns = conversation(scene, rng)
         image = encode(render(scene, seed=len(out)), scene)
-        out.append(BenchRequest(len(out), image, turns[0].question, width, height))
+        out.append(BenchRequest(len(out), image, turns[0].question, width, height, turns[0].answer))
     return out
 
 

@@ -221,6 +221,9 @@ class DecodeWorkerSettings(CommonSettings):
     decode_concurrency: int = Field(2, description="Celery prefork processes for image decoding")
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
+    jpeg_draft_oversample: float = Field(
+        1.0, ge=1.0, le=8.0, description="Draft mode keeps >= this x the model's input resolution per axis"
+    )
 
 
 class InferenceSettings(CommonSettings):

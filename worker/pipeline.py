@@ -119,8 +119,13 @@ class DecodePipeline:
 
     def decode_bytes(self, data: bytes) -> dict[str, Any]:
         """The image's pixels as the wire carries them (``ImageProcessorHandle.wire``)."""
+        settings = self.settings
         img = decode_image(
-            data, self.settings.max_image_pixels, self.processor.target_pixels, draft=self.settings.jpeg_draft
+            data,
+            settings.max_image_pixels,
+            self.processor.target_pixels,
+            draft=settings.jpeg_draft,
+            oversample=settings.jpeg_draft_oversample,
         )
         try:
             return self.processor.wire(img)

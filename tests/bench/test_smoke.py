@@ -53,6 +53,15 @@ def test_service_bench_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "service_bench_smoke.md").exists()
 
 
+def test_decode_bench_smoke(tmp_path: Path) -> None:
+    result = run_bench("bench.decode_bench", tmp_path)
+    assert [row["setting"] for row in result["rows"]] == ["full decode", "oversample 2.0", "oversample 1.0"]
+    for row in result["rows"]:
+        assert row["cpu_ms"]["median"] > 0 and 0 <= row["same_as_full"] <= result["requests"]
+    assert result["rows"][0]["same_as_full"] == result["requests"]  # the full decode against itself
+    assert (tmp_path / "decode_bench_smoke.md").exists()
+
+
 def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
     """The CUDA benchmark's script, on CPU with a tiny random GLM-4V: both servers answer with
     exactly max_tokens tokens (the script exits 1 otherwise)."""

@@ -19,7 +19,13 @@ def decoded_image(handle: ImageProcessorHandle, data: bytes, digest: str | None 
     """What the inference worker hands the engine for ``data``: decoded and resized as the decode
     worker does it, over the same wire, finished by the processor as the inference worker does it."""
     settings = DecodeWorkerSettings(_env_file=None)  # type: ignore[call-arg]
-    img = decode_image(data, settings.max_image_pixels, handle.target_pixels, draft=settings.jpeg_draft)
+    img = decode_image(
+        data,
+        settings.max_image_pixels,
+        handle.target_pixels,
+        draft=settings.jpeg_draft,
+        oversample=settings.jpeg_draft_oversample,
+    )
     payload = pack_image(handle.processor_id, handle.wire(img))
     return pixels_input(handle, payload, digest or hashlib.sha256(data).hexdigest())
 

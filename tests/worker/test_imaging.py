@@ -68,9 +68,20 @@ def test_draft_mode_decodes_big_jpeg_at_reduced_scale() -> None:
     full = decode_image(data, MAX_PIXELS, TARGET, draft=False)
     small = decode_image(data, MAX_PIXELS, TARGET, draft=True)
     assert full.size == (4000, 3000)
-    assert small.size == (500, 375)  # 1/8 scale, still >= 2x the processor's target per axis
+    assert small.size == (500, 375)  # 1/8 scale, still >= the processor's target per axis
     want = draft_size((4000, 3000), TARGET)
     assert small.width >= want[0] and small.height >= want[1]
+
+
+def test_draft_oversample_sets_how_far_draft_mode_reduces() -> None:
+    data = good_images()["jpeg_1080p"]
+    sizes = {}
+    for oversample in (1.0, 2.0):
+        img = decode_image(data, MAX_PIXELS, TARGET, oversample=oversample)
+        want = draft_size((1920, 1080), TARGET, oversample)
+        assert img.width >= want[0] and img.height >= want[1]
+        sizes[oversample] = img.size
+    assert sizes[1.0][0] < sizes[2.0][0] < 1920  # a smaller DCT scale for a smaller oversample
 
 
 def test_draft_mode_is_faster_on_a_1080p_jpeg() -> None:
