@@ -90,17 +90,18 @@ class Architecture:
 
     def _check_grid(self, image: ImageInput, where: str) -> None:
         vc, grid, pv = self.vision_config, image.image_grid_thw, image.pixel_values
-        if grid.shape != (1, 3) or int(grid.min()) <= 0:
+        thw = grid[0].tolist() if grid.shape == (1, 3) else []  # one conversion, not one per element
+        if not thw or min(thw) <= 0:
             raise RequestRejected(f"{where}: image_grid_thw must have shape (1, 3) with positive values")
-        _, h, w = (int(v) for v in grid[0])
+        t, h, w = (int(v) for v in thw)
         if h % self.merge or w % self.merge:
             raise RequestRejected(f"{where}: grid {h}x{w} not divisible by merge size {self.merge}")
         channels = getattr(vc, "in_channels", None) or getattr(vc, "in_chans", 3)
         dim = channels * vc.temporal_patch_size * vc.patch_size**2
-        if pv.ndim != 2 or pv.shape != (int(grid.prod()), dim):
-            want = (int(grid.prod()), dim)
+        if pv.ndim != 2 or pv.shape != (t * h * w, dim):
+            want = (t * h * w, dim)
             raise RequestRejected(
-                f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {grid.tolist()}"
+                f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {thw}"
             )
 
     def _check_fixed(self, image: ImageInput, where: str) -> None:

@@ -138,12 +138,16 @@ def test_bad_tensors_are_refused(bundled, make_engine):
     bad = [
         ImageInput(good.pixel_values[:-4], good.image_grid_thw, good.digest),
         ImageInput(good.pixel_values, torch.tensor([[1, 7, 8]]), good.digest),
+        ImageInput(good.pixel_values, torch.tensor([[1, 0, 6]]), good.digest),
+        ImageInput(good.pixel_values, torch.tensor([1, 6, 6]), good.digest),
+        ImageInput(good.pixel_values, torch.tensor([[1, 6, 6], [1, 6, 6]]), good.digest),
         ImageInput(good.pixel_values * float("nan"), good.image_grid_thw, good.digest),
         ImageInput(good.pixel_values, good.image_grid_thw, good.digest[:16]),
     ]
     for image in bad:
         with pytest.raises(RequestRejected):
             engine.validate(GenerationRequest("x", [user("hi")], [image]))
+    engine.validate(GenerationRequest("x", [user("hi")], [good]))  # the good one passes
 
 
 def test_one_failing_request_does_not_take_the_batch_down(bundled, make_engine):
