@@ -1,9 +1,12 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~90 min on 2 cores)
+    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~50 min on 2 cores)
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
     python -m tinyvlm.train --init CKPT --steps 0 --vision-steps 0 --out runs/x  # the polish stage alone
+
+A full run leaves the joint stage's weights in ``OUT/joint``: the polish stage alone on them
+(``--init OUT/joint``) writes the full run's own bytes, so a polish change is tried in minutes.
 
 Stages: the vision tower alone, then everything through a curriculum, then a short polish at a lower
 learning rate on drills of what the model gets wrong most. Writes the checkpoint (model +
@@ -298,6 +301,8 @@ def train(
         loop = Loop(model, heads, processor, cfg, log, out, started, oracle)
         loop.run(examples, plan[: cfg.stop_after], weights, cfg.lr, cfg.steps, "train")
         if cfg.polish_steps and cfg.stop_after is None:
+            if cfg.steps:  # the joint stage's weights: a start for polish-only runs (--init out/joint)
+                build.save_checkpoint(model, processor, out / "joint")
             polish_examples, polish_plan = load_polish(cfg, cache_dir)
             # The auxiliary heads' labels are learnt by now; answers, questions and pointers stay.
             polish = replace(weights, token=0.0, referent=0.0)

@@ -42,6 +42,12 @@ def test_train_smoke(tmp_path: Path) -> None:
     polish = [row for row in rows if row["stage"] == "polish"]
     assert polish and polish[0]["step"] == joint[-1]["step"] + 1  # one log, steps counted on
     assert (out / "model.safetensors").exists() and (out / "processor_config.json").exists()
+    # The polish stage alone on the joint stage's weights writes the full run's own bytes.
+    again = tmp_path / "polish-only"
+    alone = ["--init", str(out / "joint"), "--steps", "0", "--vision-steps", "0", "--out", str(again)]
+    polish = [*cmd[:-4], *alone, "--cache-dir", str(tmp_path)]
+    subprocess.run(polish, cwd=ROOT, check=True, timeout=60, capture_output=True)
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
 def test_train_module_imports_on_its_own() -> None:
