@@ -7,7 +7,7 @@ the float patches, and expanded back exactly per batch.
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tinyvlm import build, dialogue, labels, pointers, questions, referents, render
+from tinyvlm import build, dialogue, grammar, labels, pointers, questions, referents, render
 from tinyvlm import tokenizer as tk
 from tinyvlm.questions import Turn
 from tinyvlm.scene import TRAIN_SPEC, Scene, SceneSpec, sample_scene
@@ -27,7 +27,7 @@ IGNORE = -100
 # Training conversations are longer than the eval's 1-3 turns: the image and the shared prompt are
 # paid once per row, so every extra turn is supervision at the cost of ~15 question tokens.
 TRAIN_TURNS = (4, 10)
-CACHE_VERSION = 14  # bump when an example's content changes
+CACHE_VERSION = 15  # bump when an example's content changes (15: the polish drills only)
 
 
 @dataclass
@@ -235,19 +235,25 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     # Counting is the slowest answer to learn: every training conversation ends with one more count.
     turns = [*turns, count]
     if spec.drills:
-        turns = [*turns, *questions.drills(scene, rng, lambda: _relative_drill(scene, rng, spec))]
+        drills = questions.drills(scene, rng, lambda: _relative_drills(scene, rng, spec))
+        if spec.variety:  # typed as people type: case, marks, spaces ("WHAT COLOUR IS ...")
+            drills = [replace(t, question=grammar.noisy(t.question, rng)) for t in drills]
+        turns = [*turns, *drills]
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
     return scene, turns
 
 
-def _relative_drill(scene: Scene, rng: random.Random, spec: SceneSpec) -> list[Turn]:
-    """For a varied spec, one more left/right or above/below question in people's words."""
+def _relative_drills(scene: Scene, rng: random.Random, spec: SceneSpec) -> list[Turn]:
+    """For a varied spec, two more left/right or above/below questions: one in people's words, one
+    in the first model's phrasing (the type that drifts to chance without them)."""
     if not spec.variety:
         return []
     turn = dialogue.ask_relative(scene, rng, dialogue.Split.TRAIN)
-    return [] if turn is None else [dialogue.dressed(turn, rng)]
+    out = [] if turn is None else [dialogue.dressed(turn, rng)]
+    legacy = questions.ask_relative(scene, rng, False)
+    return out + ([] if legacy is None else [legacy])
 
 
 def training_system_prompt(seed: int, index: int, spec: SceneSpec) -> str | None:

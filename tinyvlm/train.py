@@ -89,7 +89,7 @@ class TrainConfig:
     curriculum: bool = True
     # A last joint stage at a low learning rate on pictures that repeat colours and shapes, with the
     # answer, question and pointer losses only (tinyvlm.train: polish).
-    polish_steps: int = 400
+    polish_steps: int = 600
     polish_examples: int = 4000
     polish_lr: float = 6e-4
     polish_repeat: float = 0.3  # chance that an object copies an earlier one's colour or shape

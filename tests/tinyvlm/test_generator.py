@@ -61,7 +61,7 @@ def test_training_never_sees_held_out_phrasings() -> None:
 
 def test_polish_set_repeats_attributes_and_drills_without_held_out_phrasings() -> None:
     polish = replace(TRAIN_SPEC, repeat=0.5, drills=True)
-    repeats, relative_refs, left_right = 0, 0, Counter[str]()
+    repeats, relative_refs, left_right, capitals = 0, 0, Counter[str](), 0
     conditional_counts: Counter[str] = Counter()
     for index in range(200):
         scene, turns = training_conversation(99, index, polish)
@@ -70,14 +70,16 @@ def test_polish_set_repeats_attributes_and_drills_without_held_out_phrasings() -
         assert not any(turn.held_out_phrasing for turn in turns)
         relative_refs += sum(turn.qtype != "relative" and " of the " in turn.question for turn in turns)
         left_right.update(turn.family for turn in turns[-5:] if turn.qtype == "relative")
+        capitals += sum(turn.question.isupper() for turn in turns[-4:])  # drills typed as people type
         one_kind, total = turns[-2:]
         assert total.qtype == "count" and total.answer == str(len(scene.objects))
         assert one_kind.qtype == "count" and one_kind.answer == str(len(one_kind.counted))
         assert "shapes" not in one_kind.question or any(c in one_kind.question for c in vocab.COLOURS)
         conditional_counts[one_kind.answer] += 1
     assert repeats > 60 and relative_refs > 100
-    # Left/right and above/below drills, in the first model's phrasings and in people's words.
-    assert left_right["legacy"] > 120 and sum(left_right.values()) - left_right["legacy"] > 120
+    # Left/right and above/below drills: two in the first model's phrasings, one in people's words.
+    assert left_right["legacy"] > 240 and sum(left_right.values()) - left_right["legacy"] > 120
+    assert capitals > 20
     assert conditional_counts["2"] > 20 and conditional_counts["3"] > 5
 
 
