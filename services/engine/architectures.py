@@ -100,9 +100,7 @@ class Architecture:
         dim = channels * vc.temporal_patch_size * vc.patch_size**2
         if pv.ndim != 2 or pv.shape != (t * h * w, dim):
             want = (t * h * w, dim)
-            raise RequestRejected(
-                f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {thw}"
-            )
+            raise RequestRejected(f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {thw}")
 
     def _check_fixed(self, image: ImageInput, where: str) -> None:
         vc, pv = self.vision_config, image.pixel_values
