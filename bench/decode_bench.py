@@ -26,6 +26,7 @@ import torch
 
 import services  # noqa: F401  (registers the processor)
 from bench.common import BUNDLED_MODEL, ROOT
+from bench.service_bench import checkpoint_sha256
 from bench.service_workload import MAX_TOKENS, BenchRequest, make_requests
 from services.engine import Engine, EngineConfig
 from services.inference_worker.engine_request import build_request, pixels_input
@@ -129,11 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     result = run(args.model, {"smoke": 4, "quick": 200, "full": 600}[mode])
-    weights = Path(args.model) / "model.safetensors"
     result |= {
         "mode": mode,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "model_sha256": hashlib.sha256(weights.read_bytes()).hexdigest() if weights.exists() else "?",
+        "model_sha256": checkpoint_sha256(args.model),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "decode_bench" + ("" if mode == "full" else f"_{mode}")
