@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 import services  # noqa: F401  (registers the processor)
 from bench.common import BUNDLED_MODEL, ROOT
+from bench.report_files import write_report
 from bench.service_bench import checkpoint_sha256
 from bench.service_workload import MAX_TOKENS, BenchRequest, make_requests
 from services.engine import Engine, EngineConfig
@@ -135,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model_sha256": checkpoint_sha256(args.model),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "decode_bench" + ("" if mode == "full" else f"_{mode}")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "decode_bench", mode, result, markdown(result))
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import openai
 
 from bench.common import BUNDLED_MODEL, fit_mrope_sections
+from bench.report_files import write_report
 from bench.service_bench import REQUEST_TIMEOUT_S, RESULTS, Peer, closed_loop, openai_call
 from bench.service_workload import BenchRequest, Sample, make_requests, summarize
 from scripts.redis_launcher import start_redis
@@ -271,11 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "logs": str(logs),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_bench_smoke" if args.smoke else "gpu_bench"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "gpu_bench", "smoke" if args.smoke else "full", result, markdown(result))
     shutil.rmtree(args.checkpoint, ignore_errors=True)  # GBs at full size
     return 0 if all(not r["not_max_tokens"] and not r["errors"] for r in rows) else 1
 

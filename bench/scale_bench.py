@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from bench.report_files import write_report
 from bench.service_workload import MAX_TOKENS, BenchRequest, make_requests, pct
 from scripts.redis_launcher import start_redis
 from shared import workers
@@ -475,11 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         if failure
         else "OK: routing on with 2 workers keeps 1 worker's hit rate.",
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "scale_bench" + ("" if args.mode == "full" else f"_{args.mode}")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "scale_bench", args.mode, result, markdown(result))
     return 1 if failure else 0
 
 

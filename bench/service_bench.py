@@ -35,6 +35,7 @@ import openai
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.profiling import Profiler
+from bench.report_files import write_report
 from bench.resources import Meter, Reading, cost, memory_by_kind
 from bench.service_report import HOPS, markdown
 from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
@@ -525,11 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "logs": str(logs),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "service_bench" + ("" if args.mode == "full" else f"_{args.mode}")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"{name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "service_bench", args.mode, result, markdown(result))
     return 0
 
 
