@@ -6,6 +6,9 @@ Rules every cache follows (tests check them through ``check_integrity``):
   larger than the whole budget is not stored. ``bytes`` always equals the sum of the entries' sizes.
 - **Immutable entries.** Stored tensors are owned by the cache (cloned on ``put``) and never written
   afterwards; readers slice them and never write in place. A checksum taken at ``put`` proves it.
+  One exception, by design: a session entry's first tokens (the system prompt) may be views of a
+  prefix-cache entry (``KVEntry.shared``), owned and counted by the prefix cache, not copied per
+  conversation (prefix entries are the few prewarmed system prompts).
 - **Counted lookups.** Every lookup counts one hit or one miss; a hit refreshes recency. An entry past
   its TTL is dropped and counts as a miss.
 - **One lock.** The engine thread writes; the vision prefetcher only peeks. Every read or change of
@@ -161,11 +164,30 @@ class BoundedCache(Generic[K, V]):
 
 @dataclass(frozen=True)
 class KVEntry:
-    """KV of ``tokens`` (one sequence, no padding) and the images among them."""
+    """KV of ``tokens`` (one sequence, no padding) and the images among them: ``shared`` holds the
+    first tokens' KV as views of a prefix-cache entry (none for prefix entries), ``kv`` the rest."""
 
     tokens: tuple[int, ...]
     spans: tuple[ImageSpan, ...]
     kv: KV
+    shared: KV | None = None
+
+    @property
+    def shared_len(self) -> int:
+        return self.shared[0][0].shape[-2] if self.shared else 0
+
+    def head(self, m: int) -> KV:
+        """The first ``m`` tokens' KV: views, or one copy where it spans the shared and own parts."""
+        s = self.shared_len
+        if self.shared and m <= s:
+            return [(k[:, :, :m], v[:, :, :m]) for k, v in self.shared]
+        own = [(k[:, :, : m - s], v[:, :, : m - s]) for k, v in self.kv]
+        if not self.shared:
+            return own
+        return [
+            (torch.cat([sk, k], dim=-2), torch.cat([sv, v], dim=-2))
+            for (sk, sv), (k, v) in zip(self.shared, own, strict=True)
+        ]
 
     def match_length(self, prompt: Prompt) -> int:
         """Longest reusable prefix for ``prompt``: common tokens, cut before the first image whose digest
@@ -185,9 +207,13 @@ class _KVCache(BoundedCache[K, KVEntry]):
         return [t for kv in value.kv for t in kv]
 
     def _validate(self, key: K, value: KVEntry) -> None:
+        own = len(value.tokens) - value.shared_len
         for k, v in value.kv:
-            if k.shape[0] != 1 or k.shape[-2] != len(value.tokens) or k.shape != v.shape:
+            if k.shape[0] != 1 or k.shape[-2] != own or k.shape != v.shape:
                 raise CacheIntegrityError(f"{self.name}[{key!r}]: KV shape {tuple(k.shape)} vs tokens")
+        for k, v in value.shared or []:
+            if k.shape[0] != 1 or k.shape[-2] != value.shared_len or k.shape != v.shape:
+                raise CacheIntegrityError(f"{self.name}[{key!r}]: shared KV shape {tuple(k.shape)}")
 
 
 class PrefixCache(_KVCache[tuple[int, ...]]):
@@ -209,6 +235,8 @@ class PrefixCache(_KVCache[tuple[int, ...]]):
             return entry, m
 
     def add(self, entry: KVEntry) -> bool:
+        if entry.shared:
+            raise ValueError("a prefix entry owns all its KV")
         return self.put(entry.tokens, entry)
 
     def _validate(self, key: tuple[int, ...], value: KVEntry) -> None:

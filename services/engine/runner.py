@@ -69,21 +69,26 @@ class ModelRunner:
         return logits
 
     def _reuse(self, seq: Sequence) -> KV | None:
-        """The longest cached KV prefix of this prompt (session or system prompt), sliced to length."""
-        seq.num_cached_tokens = 0
+        """The longest cached KV prefix of this prompt (session or system prompt), sliced to length.
+        Notes on ``seq`` the prefix-cache part of it, which its session entry will share."""
+        seq.num_cached_tokens, seq.shared_kv = 0, None
         if not seq.request.use_cache:
             return None
-        best: tuple[KVEntry | None, int] = (None, 0)
+        session: tuple[KVEntry | None, int] = (None, 0)
         if self.caches.session is not None and seq.request.session_id is not None:
-            best = self.caches.session.match(seq.request.session_id, seq.prompt)
+            session = self.caches.session.match(seq.request.session_id, seq.prompt)
+        prefix: tuple[KVEntry | None, int] = (None, 0)
         if self.caches.prefix is not None:
-            entry, m = self.caches.prefix.match(seq.prompt)
-            best = (entry, m) if m > best[1] else best
-        entry, m = best
+            prefix = self.caches.prefix.match(seq.prompt)
+        entry, m = prefix if prefix[1] > session[1] else session
         if entry is None or m == 0:
             return None
         seq.num_cached_tokens = m
-        return [(k[:, :, :m], v[:, :, :m]) for k, v in entry.kv]
+        if entry is prefix[0]:
+            seq.shared_kv = entry.head(m)  # views of the prefix entry
+        elif entry.shared:
+            seq.shared_kv = entry.head(min(m, entry.shared_len))  # the session's views of one
+        return entry.head(m)
 
     def _stack_prefixes(
         self, reused: list[KV | None], length: int
@@ -186,13 +191,17 @@ class ModelRunner:
         for seq, save in zip(seqs, save_session, strict=True):
             holder = self.parked if seq.id in self.parked.ids else self.batch
             if save and self.caches.session is not None and seq.request.session_id and seq.id in holder.ids:
-                tokens = seq.fed_ids
-                kv = holder.extract(seq.id, len(tokens))
-                self.caches.session.put(
-                    seq.request.session_id, KVEntry(tuple(tokens), tuple(seq.prompt.spans), kv)
-                )
+                self.caches.session.put(seq.request.session_id, self._session_entry(seq, holder))
         self.batch.remove({s.id for s in seqs})
         self.parked.remove({s.id for s in seqs})
+
+    @staticmethod
+    def _session_entry(seq: Sequence, holder: BatchKV) -> KVEntry:
+        """The turn's KV: the prefix-cache part shared (views, no copy), the rest copied out of the batch."""
+        tokens = seq.fed_ids
+        shared = seq.shared_kv or None
+        own = holder.extract(seq.id, len(tokens) - (shared[0][0].shape[-2] if shared else 0))
+        return KVEntry(tuple(tokens), tuple(seq.prompt.spans), own, shared)
 
     def reset(self) -> None:
         self.batch = BatchKV(self.arch.make_cache)

@@ -60,6 +60,9 @@ class Sequence:
     prefill_s: float = 0.0
     output_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # views of a prefix-cache entry's KV for the prompt's first tokens (the system prompt), shared by
+    # this turn's session entry instead of copied into it (runner._reuse / release)
+    shared_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
     generator: torch.Generator | None = None

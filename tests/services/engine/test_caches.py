@@ -63,6 +63,29 @@ def test_match_stops_at_a_different_image():
     assert prefix.match(Prompt([5, 9], torch.arange(2), []))[1] == 1  # always leaves one token to prefill
 
 
+def test_session_entry_shares_the_prefix_entry_kv_without_counting_it():
+    full = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(1, 2, 5, 3)
+    prefix = PrefixCache(1 << 20)
+    prefix.add(KVEntry((1, 2, 3), (), [(full[:, :, :3].clone(), -full[:, :, :3].clone())]))
+    root, m = prefix.match(Prompt([1, 2, 3, 4, 5, 6], torch.arange(6), []))
+    assert root is not None and m == 3
+    shared = root.head(m)
+    assert shared[0][0].data_ptr() == root.kv[0][0].data_ptr()  # views: nothing copied
+    entry = KVEntry((1, 2, 3, 4, 5), (), [(full[:, :, 3:].clone(), -full[:, :, 3:].clone())], shared)
+    sessions = SessionCache(1 << 20, ttl_s=60)
+    sessions.put("s", entry)
+    assert sessions.bytes == 2 * (2 * 2 * 3 * 4)  # the two own tokens only: the prefix cache owns the rest
+    sessions.check_integrity()
+    assert torch.equal(entry.head(5)[0][0], full) and torch.equal(entry.head(5)[0][1], -full)
+    assert torch.equal(entry.head(2)[0][0], full[:, :, :2]) and torch.equal(entry.head(4)[0][1], -full[:, :, :4])
+    with pytest.raises(ValueError, match="owns all"):
+        prefix.add(entry)
+    bad = KVEntry((1, 2, 3, 4), (), entry.kv, shared)  # 3 shared + 2 own for 4 tokens
+    sessions.put("bad", bad)
+    with pytest.raises(CacheIntegrityError, match="KV shape"):
+        sessions.check_integrity()
+
+
 def _kv_entry(tokens: tuple[int, ...]) -> KVEntry:
     kv = [(torch.zeros(1, 1, len(tokens), 2), torch.zeros(1, 1, len(tokens), 2))]
     return KVEntry(tokens, (), kv)
@@ -240,7 +263,7 @@ def test_engine_caches_stay_within_bounds(bundled, make_engine):
     image = image_input(proc, draw_image(50))
     feature_bytes = int(image.image_grid_thw.prod()) // 4 * model.config.text_config.hidden_size * 4
     probe = make_engine(model, proc, prewarm=False)
-    session_bytes = probe.arch.kv_bytes_per_token() * 200
+    session_bytes = probe.arch.kv_bytes_per_token() * 20  # a turn's own tokens (the system prompt is shared)
     engine = make_engine(
         model, proc, image_cache_bytes=3 * feature_bytes, session_cache_bytes=3 * session_bytes
     )

@@ -211,6 +211,10 @@ def test_session_turns_cached_vs_recompute(bundled, make_engine, bundled_tie_tol
         msgs = [*msgs, {"role": "assistant", "content": [{"type": "text", "text": answer}]}]
     engine.caches.session.check_integrity()
     assert engine.stats().caches["session"].hits == 2
+    entry = engine.caches.session.peek("sess-1")  # the system prompt's KV is the prefix cache's, shared
+    assert entry is not None and entry.shared_len > 50
+    own_tokens = len(entry.tokens) - entry.shared_len
+    assert engine.caches.session.bytes == engine.arch.kv_bytes_per_token() * own_tokens
 
 
 def test_text_only_session_turns_match_reference(bundled, make_engine, bundled_tie_tol):
