@@ -254,7 +254,9 @@ class Plan:
     quant_modes: tuple[str, ...] = QUANT_MODES
 
     def conversations(self, clients: int) -> int:
-        return max(2 * clients, self.min_conversations)
+        """Six rounds per client: two were mostly the ramp (all clients' first prefill together,
+        then their decodes), not the steady state a serving engine lives in."""
+        return max(6 * clients, self.min_conversations)
 
 
 def plan_for(mode: str, large: bool) -> Plan:
