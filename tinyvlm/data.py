@@ -221,12 +221,11 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     words (``tinyvlm.dialogue``) for a varied spec, else in the first model's phrasings."""
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
-    style = replace(dialogue.TRAINING, inner_filler_share=spec.inner_filler)
     if spec.variety:
-        turns = dialogue.conversation(scene, rng, style, n_turns=rng.randint(*TRAIN_TURNS))
+        turns = dialogue.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
         text = dialogue.ask_text(scene, rng, dialogue.Split.TRAIN)
-        text = None if text is None else dialogue.dressed(text, rng, style)
-        count = dialogue.dressed(dialogue.ask_count(scene, rng, dialogue.Split.TRAIN), rng, style)
+        text = None if text is None else dialogue.dressed(text, rng)
+        count = dialogue.dressed(dialogue.ask_count(scene, rng, dialogue.Split.TRAIN), rng)
     else:
         turns = questions.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
         text = questions.ask_text(scene, rng, held_out=False)
@@ -238,18 +237,12 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     if spec.drills:
         drills = questions.drills(scene, rng, lambda: _relative_drills(scene, rng, spec))
         if spec.variety:  # typed as people type: case, marks, spaces ("WHAT COLOUR IS ...")
-            drills = [_typed_drill(t, rng, spec) for t in drills]
+            drills = [replace(t, question=grammar.noisy(t.question, rng)) for t in drills]
         turns = [*turns, *drills]
     if spec.only_attribute is not None:
         turn = questions.ask_attribute(scene.objects[0], spec.only_attribute, scene, rng, False)
         turns = [turn] if turn is not None else turns
     return scene, turns
-
-
-def _typed_drill(turn: Turn, rng: random.Random, spec: SceneSpec) -> Turn:
-    if spec.inner_filler and rng.random() < spec.inner_filler:  # no draw when off: old sets repeat
-        turn = replace(turn, question=grammar.with_inner_filler(turn.question, rng))
-    return replace(turn, question=grammar.noisy(turn.question, rng))
 
 
 def _relative_drills(scene: Scene, rng: random.Random, spec: SceneSpec) -> list[Turn]:

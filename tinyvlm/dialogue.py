@@ -26,7 +26,6 @@ class Style:
     unknown_weight: float = 0.8
     compositional_unknowns: bool = False  # training: grammar.compositional_unknown
     filler_share: float = 0.0  # training: a stray unknown word around the question (grammar.with_filler)
-    inner_filler_share: float = 0.0  # polish: a stray word inside it (grammar.with_inner_filler)
 
 
 TRAINING = Style(unknown_weight=1.2, compositional_unknowns=True, filler_share=0.12)
@@ -204,8 +203,6 @@ def dressed(turn: Turn, rng: random.Random, style: Style = TRAINING) -> Turn:
     """The turn as typed: a stray word now and then, JSON asked for now and then, and surface noise."""
     if style.filler_share and rng.random() < style.filler_share:
         turn = replace(turn, question=grammar.with_filler(turn.question, rng))
-    if style.inner_filler_share and rng.random() < style.inner_filler_share:  # no draw when off
-        turn = replace(turn, question=grammar.with_inner_filler(turn.question, rng))
     if style.json_share and rng.random() < style.json_share:
         turn = as_json(turn, rng)
     if style.noise:

@@ -152,15 +152,6 @@ def with_filler(text: str, rng: random.Random) -> str:
     return f"{text[: len(text) - len(mark)]}, {word}{mark}"
 
 
-def with_inner_filler(text: str, rng: random.Random) -> str:
-    """The question with a made-up word after its first word ("What zobat colour is it?", "Can kel
-    you tell me ..."): the held-out cores' unseen words ("what sort of shape") split into pieces the
-    same way, and should not turn a question the model can answer into "I can't tell". Never next to
-    the reference, where an unknown word names an unknown thing ("the zobat")."""
-    first, _, rest = text.partition(" ")
-    return f"{first} {made_up_word(rng)} {rest}" if rest else text
-
-
 def plural(noun: str) -> str:
     if noun.endswith(("s", "sh", "ch", "x")):
         return noun + "es"

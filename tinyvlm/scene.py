@@ -91,9 +91,6 @@ class SceneSpec:
     # Training's polish stage only: extra turns on what the model gets wrong most (attributes asked
     # through "the shape left of ..." references, counts of one colour or shape).
     drills: bool = False
-    # Training's polish stage only: the share of questions with a made-up word among their first
-    # words (grammar.with_inner_filler), against false "I can't tell" on unfamiliar wordings.
-    inner_filler: float = 0.0
     # Pictures as people draw them: objects anywhere in their cell, wider aspect ratios, textures,
     # frames, colour shades, outline styles, several glyph fonts, any JPEG quality. Off, scenes are
     # drawn exactly as for the first model (the held-out set stays the same pictures).

@@ -94,8 +94,6 @@ class TrainConfig:
     polish_lr: float = 6e-4
     polish_repeat: float = 0.3  # chance that an object copies an earlier one's colour or shape
     polish_seed: int = 1235  # not the joint stage's seed: new pictures
-    polish_inner_filler: float = 0.0  # share of polish questions with a made-up word inside
-    polish_token_weight: float = 0.0  # the image-token labels' loss in the polish (0: answers only)
 
 
 SMOKE = TrainConfig(
@@ -195,11 +193,11 @@ def vision_stage(
 
 def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], list[list[int]]]:
     """The polish stage's examples (its own seed: new pictures) and its index batches."""
-    spec = replace(TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True, inner_filler=cfg.polish_inner_filler)
+    spec = replace(TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True)
     seed = cfg.polish_seed
-    tag = f"-polish-r{cfg.polish_repeat:g}"
-    tag += f"-f{cfg.polish_inner_filler:g}" if cfg.polish_inner_filler else ""
-    examples = data.load_or_generate(cfg.polish_examples, seed, cache_dir, cfg.workers, spec, tag)
+    examples = data.load_or_generate(
+        cfg.polish_examples, seed, cache_dir, cfg.workers, spec, f"-polish-r{cfg.polish_repeat:g}"
+    )
     return examples, batches(len(examples), cfg.polish_steps, replace(cfg, seed=seed))
 
 
@@ -307,7 +305,7 @@ def train(
                 build.save_checkpoint(model, processor, out / "joint")
             polish_examples, polish_plan = load_polish(cfg, cache_dir)
             # The auxiliary heads' labels are learnt by now; answers, questions and pointers stay.
-            polish = replace(weights, token=cfg.polish_token_weight, referent=0.0)
+            polish = replace(weights, token=0.0, referent=0.0)
             loop.run(polish_examples, polish_plan, polish, cfg.polish_lr, cfg.polish_steps, "polish")
     model.eval()
     build.save_checkpoint(model, processor, out)
@@ -335,8 +333,6 @@ def main() -> None:
     parser.add_argument("--polish-lr", type=float, default=None)
     parser.add_argument("--polish-repeat", type=float, default=None)
     parser.add_argument("--polish-examples", type=int, default=None)
-    parser.add_argument("--polish-inner-filler", type=float, default=None, help="polish questions' share")
-    parser.add_argument("--polish-token-weight", type=float, default=None, help="image-token loss, polish")
     parser.add_argument("--polish-seed", type=int, default=None, help="draws the polish set and its order")
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
@@ -358,8 +354,6 @@ def main() -> None:
         "polish_repeat",
         "polish_examples",
         "polish_seed",
-        "polish_inner_filler",
-        "polish_token_weight",
     ]
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:
