@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.vlm.patch_embed import linear_patch_embed
 from tinyvlm import build, data, labels, objective
 from tinyvlm.schedule import fit
 
@@ -100,7 +101,7 @@ class VisionTower(nn.Module):
     def __init__(self, processor: Any) -> None:
         super().__init__()
         model = build.build_model(processor.tokenizer)
-        objective.linear_patch_embed(model)
+        linear_patch_embed(model)
         self.visual = model.model.visual
         self.processor = processor
 

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 from transformers import Glm4vForConditionalGeneration
 
+from services.vlm.patch_embed import linear_patch_embed
 from tinyvlm import build, data, objective, referents
 from tinyvlm.scene import TRAIN_SPEC, SceneSpec
 from tinyvlm.schedule import fit, lr_at
@@ -279,7 +280,7 @@ def train(
     model = build.build_model(processor.tokenizer, seed=cfg.seed)
     if init is not None:  # continue from a checkpoint (same config)
         model.load_state_dict(Glm4vForConditionalGeneration.from_pretrained(init).state_dict())
-    objective.linear_patch_embed(model)
+    linear_patch_embed(model)
     if cfg.recency_window and init is None:  # an init of the weights, not of a checkpoint
         referents.recency_heads(model, cfg.recency_heads, cfg.recency_window)
     heads = objective.TokenHeads(objective.text_hidden_size(model))

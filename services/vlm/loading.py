@@ -8,6 +8,7 @@ import torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, PreTrainedModel
 
 from services.vlm import registration as _registration  # noqa: F401  (processor lookup by name)
+from services.vlm.patch_embed import linear_patch_embed
 from services.vlm.quantization import QuantizeMode, quantize_model
 
 # Never reach for the Hub: every checkpoint this service loads is a local directory.
@@ -21,6 +22,7 @@ def load_model(
     model: Any = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
     model.eval()
     quantize_model(model, quantize, device=device)  # in place
+    linear_patch_embed(model)  # the matmul it is (services/vlm/patch_embed.py)
     processor = AutoProcessor.from_pretrained(path)
     return model, processor
 

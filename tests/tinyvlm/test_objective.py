@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from services.vlm.patch_embed import linear_patch_embed
 from tinyvlm import build, data, labels, objective, questions, referents, vocab
 from tinyvlm.scene import Glyph, Obj, Scene, sample_scene
 
@@ -82,7 +83,7 @@ def test_linear_patch_embed_matches_the_conv(processor: object) -> None:
     batch = batch_of(processor, 1)
     with torch.no_grad():
         conv = model.model.visual.patch_embed(batch["pixel_values"])
-        objective.linear_patch_embed(model)
+        linear_patch_embed(model)
         linear = model.model.visual.patch_embed(batch["pixel_values"])
     assert torch.allclose(conv, linear, atol=1e-5)
 
