@@ -77,7 +77,8 @@ def test_session_entry_shares_the_prefix_entry_kv_without_counting_it():
     assert sessions.bytes == 2 * (2 * 2 * 3 * 4)  # the two own tokens only: the prefix cache owns the rest
     sessions.check_integrity()
     assert torch.equal(entry.head(5)[0][0], full) and torch.equal(entry.head(5)[0][1], -full)
-    assert torch.equal(entry.head(2)[0][0], full[:, :, :2]) and torch.equal(entry.head(4)[0][1], -full[:, :, :4])
+    assert torch.equal(entry.head(2)[0][0], full[:, :, :2])  # within the shared part: a view
+    assert torch.equal(entry.head(4)[0][1], -full[:, :, :4])  # across both parts
     with pytest.raises(ValueError, match="owns all"):
         prefix.add(entry)
     bad = KVEntry((1, 2, 3, 4), (), entry.kv, shared)  # 3 shared + 2 own for 4 tokens
