@@ -18,6 +18,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from services.engine.api import ImageInput, RequestRejected
+from services.engine.kv_layer import GrowingLayer
+from services.engine.lean_glm4v import LeanGlm4vText
 
 HEX_DIGITS = frozenset("0123456789abcdef")
 
@@ -25,7 +27,7 @@ HEX_DIGITS = frozenset("0123456789abcdef")
 class Architecture:
     """One loaded model as the engine sees it: embeddings, image features, positions, forward, KV."""
 
-    def __init__(self, model: Any, processor: Any) -> None:
+    def __init__(self, model: Any, processor: Any, lean: bool = False) -> None:
         self.model = model
         self.base = getattr(model, "model", model)
         self.config = model.config
@@ -37,6 +39,7 @@ class Architecture:
         self.tokenizer = getattr(processor, "tokenizer", processor)
         if not self.grid and not hasattr(self.vision_config, "image_size"):
             raise ValueError(f"unsupported VLM architecture: {type(model).__name__}")
+        self.lean = LeanGlm4vText(model) if lean and LeanGlm4vText.supports(model) else None
 
     @property
     def device(self) -> torch.device:
@@ -148,8 +151,10 @@ class Architecture:
     def make_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> DynamicCache:
         """A DynamicCache holding ``layers`` as they are (no copy: the constructor's own path would cat)."""
         cache = DynamicCache(config=self.config)
-        for layer, (k, v) in zip(cache.layers, layers or [], strict=False):
-            assert isinstance(layer, DynamicLayer), "full-attention layers only (no sliding/linear caches)"
+        assert all(type(layer) is DynamicLayer for layer in cache.layers), "full-attention layers only"
+        growing = [GrowingLayer() for _ in cache.layers]  # decode steps append in place (no cat)
+        cache.layers = list(growing)
+        for layer, (k, v) in zip(growing, layers or [], strict=False):
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
         return cache
@@ -161,9 +166,12 @@ class Architecture:
         """One forward over (B, q) embeddings; returns the last position's logits (B, V) in fp32.
         ``mask``: (B, cached + q) bool, True for real tokens, or a ready (B, 1, q, cached + q) mask, or
         None (no padding anywhere); ``positions`` (3, B, q) or (B, q)."""
+        mask = None if mask is None else mask.to(self.device)
+        if self.lean is not None and self.lean.usable():
+            return self.lean.forward(embeds, mask, positions.to(self.device), cache).float()
         out = self.model(
             inputs_embeds=embeds,
-            attention_mask=None if mask is None else mask.to(self.device),
+            attention_mask=mask,
             position_ids=positions.to(self.device),
             cache=cache,
             use_cache=True,

@@ -46,7 +46,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.model = model.eval()
         self._processor = processor
-        self.arch = Architecture(model, processor)
+        self.arch = Architecture(model, processor, lean=self.config.lean_forward)
         self.prompts = PromptBuilder(self.arch, processor, self.config)
         self.eos_ids = frozenset(self.arch.eos_token_ids())
         self._eos_order = tuple(sorted(self.eos_ids))

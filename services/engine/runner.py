@@ -214,4 +214,5 @@ class ModelRunner:
         cache = self.arch.make_cache(None)
         mask = torch.ones(1, len(ids), dtype=torch.bool)
         self.arch.forward(self.arch.embed(ids)[None], mask, prompt.positions.unsqueeze(-2), cache)
-        return KVEntry(tuple(prompt.token_ids), (), cache_layers(cache))
+        owned = [(k.contiguous(), v.contiguous()) for k, v in cache_layers(cache)]  # not the buffer's spare
+        return KVEntry(tuple(prompt.token_ids), (), owned)

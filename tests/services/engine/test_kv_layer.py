@@ -1,0 +1,56 @@
+"""GrowingLayer: appends give exactly what HF's concatenating DynamicLayer gives, without a copy per step."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from services.engine.kv_layer import HEADROOM, GrowingLayer
+
+
+def _steps(n: int, cols: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(n)
+    shape = (3, 2, cols, 8)
+    return [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(n)]
+
+
+def test_appends_equal_concatenation_across_reallocations() -> None:
+    grow, cat = GrowingLayer(), DynamicLayer()
+    prompt = _steps(1, cols=20)[0]
+    for layer in (grow, cat):
+        layer.update(*prompt)
+    for k, v in _steps(2 * HEADROOM + 5):
+        gk, gv = grow.update(k, v)
+        ck, cv = cat.update(k, v)
+        assert torch.equal(gk, ck) and torch.equal(gv, cv)
+    assert grow.get_seq_length() == cat.get_seq_length() == 20 + 2 * HEADROOM + 5
+
+
+def test_decode_steps_write_in_place_until_the_headroom_is_used() -> None:
+    layer = GrowingLayer()
+    earlier, _ = layer.update(*_steps(1, cols=10)[0])
+    before = earlier.clone()
+    for k, v in _steps(HEADROOM):
+        keys, _ = layer.update(k, v)
+        assert keys.data_ptr() == earlier.data_ptr()  # no reallocation: no copy of the cache
+    assert torch.equal(earlier, before)  # a view taken before the appends still shows what it showed
+    keys, _ = layer.update(*_steps(1)[0])
+    assert keys.data_ptr() != earlier.data_ptr()  # full: one reallocation
+
+
+def test_tensors_adopted_from_outside_are_not_written_into() -> None:
+    """``make_cache`` hands a layer tensors it does not own (a merged batch, a cached prefix)."""
+    layer = GrowingLayer()
+    k0, v0 = _steps(1, cols=6)[0]
+    layer.lazy_initialization(k0, v0)
+    layer.keys, layer.values = k0, v0
+    k0_before = k0.clone()
+    k, v = _steps(1)[0]
+    out_k, _ = layer.update(k, v)
+    assert torch.equal(out_k, torch.cat([k0_before, k], dim=-2))
+    assert torch.equal(k0, k0_before) and out_k.data_ptr() != k0.data_ptr()
+    # replaced again after growing (e.g. rows selected): the next update starts a new buffer
+    layer.keys, layer.values = out_k[:2], layer.values[:2]
+    k2, v2 = (t[:2] for t in _steps(1)[0])
+    out_k2, _ = layer.update(k2, v2)
+    assert torch.equal(out_k2, torch.cat([out_k[:2], k2], dim=-2))
