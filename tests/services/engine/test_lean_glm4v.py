@@ -1,4 +1,4 @@
-"""The lean GLM-4V text forward gives bit-identical logits and KV to the model's own forward."""
+"""The lean GLM-4V text forward gives bit-identical logits and KV to the model's own forward (fp32, int8, int4)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _steps(arch: Architecture) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
 def test_lean_forward_is_bit_identical(bundled: tuple[Any, Any], quantize: str) -> None:
     model, processor = bundled if quantize == "none" else load_bundled(quantize)
     lean, plain = Architecture(model, processor, lean=True), Architecture(model, processor)
