@@ -1,4 +1,4 @@
-"""The lean GLM-4V text forward gives bit-identical logits and KV to the model's own forward (fp32, int8, int4)."""
+"""The lean GLM-4V text forward: logits and KV bit-identical to the model's own forward (fp32, int8, int4)."""
 
 from __future__ import annotations
 
