@@ -1,12 +1,13 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~50 min on 2 cores)
+    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~60 min on 2 cores)
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
     python -m tinyvlm.train --init CKPT --steps 0 --vision-steps 0 --out runs/x  # the polish stage alone
 
-A full run leaves the joint stage's weights in ``OUT/joint``: the polish stage alone on them
-(``--init OUT/joint``) writes the full run's own bytes, so a polish change is tried in minutes.
+A full run leaves the joint stage's weights in ``OUT/joint`` (with the auxiliary heads', which the
+polish's token loss reads): the polish stage alone on them (``--init OUT/joint``) writes the full
+run's own bytes, so a polish change is tried in minutes.
 
 Stages: the vision tower alone, then everything through a curriculum, then a short polish at a lower
 learning rate on drills of what the model gets wrong most. Writes the checkpoint (model +
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import Glm4vForConditionalGeneration
 
@@ -99,6 +101,8 @@ class TrainConfig:
     # joint stage's weight the vision tower keeps learning the picture while the answers are polished.
     polish_token_weight: float = 0.5
 
+
+HEADS_FILE = "aux_heads.safetensors"  # OUT/joint: the training-only heads (not part of the model)
 
 SMOKE = TrainConfig(
     examples=48,
@@ -286,6 +290,8 @@ def train(
     heads = objective.TokenHeads(objective.text_hidden_size(model))
     if cfg.referent_weight:
         heads.add_module("referents", referents.ReferentHead(objective.text_hidden_size(model)))
+    if init is not None and (init / HEADS_FILE).exists():  # a full run's joint stage: its heads too
+        heads.load_state_dict(load_file(init / HEADS_FILE))
     if oracle is not None:
         heads.add_module("oracle", oracle)  # its weights train with the language model's
     examples, plan = load_data(cfg, cache_dir) if cfg.steps else ([], [])  # 0: polish an --init only
@@ -307,8 +313,11 @@ def train(
         if cfg.polish_steps and cfg.stop_after is None:
             if cfg.steps:  # the joint stage's weights: a start for polish-only runs (--init out/joint)
                 build.save_checkpoint(model, processor, out / "joint")
+                # the auxiliary heads as well: the polish's token loss reads them
+                heads_state = {k: v.contiguous() for k, v in heads.state_dict().items()}
+                save_file(heads_state, out / "joint" / HEADS_FILE)
             polish_examples, polish_plan = load_polish(cfg, cache_dir)
-            # The auxiliary heads' labels are learnt by now; answers, questions and pointers stay.
+            # The referent head's labels are learnt by now; the image-token loss stays at its polish weight.
             polish = replace(weights, token=cfg.polish_token_weight, referent=0.0)
             loop.run(polish_examples, polish_plan, polish, cfg.polish_lr, cfg.polish_steps, "polish")
     model.eval()
