@@ -36,9 +36,6 @@ class LeanGlm4vText:
         self.norm = _Norm.of(self.text.norm)
         self.layers = [_Layer.of(layer) for layer in self.text.layers]  # plain fields: no module lookups
         self._modules = [*self.text.modules(), *model.lm_head.modules()]
-        self.attention = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.text.config._attn_implementation, glm.eager_attention_forward
-        )
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -67,19 +64,29 @@ class LeanGlm4vText:
             config=text.config, inputs_embeds=embeds, attention_mask=mask, cache=cache, position_ids=None
         )
         rotary = text.rotary_emb(embeds, position_ids=positions)
+        # looked up per forward, as HF does: the model's attention implementation may be switched
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            text.config._attn_implementation, glm.eager_attention_forward
+        )
         hidden = embeds
         for layer in self.layers:
-            hidden = self._layer(layer, hidden, rotary, causal_mask, cache)
+            hidden = self._layer(layer, hidden, rotary, causal_mask, cache, attention)
         hidden = self.norm(hidden)
         return self.lm_head(hidden[:, -1:, :])[:, -1]
 
     def _layer(
-        self, layer: _Layer, hidden: torch.Tensor, rotary: Any, mask: torch.Tensor | None, cache: DynamicCache
+        self,
+        layer: _Layer,
+        hidden: torch.Tensor,
+        rotary: Any,
+        mask: torch.Tensor | None,
+        cache: DynamicCache,
+        attention: Any,
     ) -> torch.Tensor:
         """``Glm4vTextDecoderLayer.forward``, op for op."""
         residual = hidden
         hidden = layer.input_norm(hidden)
-        hidden = self._attend(layer, hidden, rotary, mask, cache)
+        hidden = self._attend(layer, hidden, rotary, mask, cache, attention)
         hidden = layer.post_attn_out_norm(hidden)
         hidden = residual + hidden
         residual = hidden
@@ -91,8 +98,14 @@ class LeanGlm4vText:
         hidden = layer.post_mlp_norm(hidden)
         return residual + hidden
 
+    @staticmethod
     def _attend(
-        self, layer: _Layer, hidden: torch.Tensor, rotary: Any, mask: torch.Tensor | None, cache: DynamicCache
+        layer: _Layer,
+        hidden: torch.Tensor,
+        rotary: Any,
+        mask: torch.Tensor | None,
+        cache: DynamicCache,
+        attention: Any,
     ) -> torch.Tensor:
         """``Glm4vTextAttention.forward``, op for op."""
         bsz, q_len, _ = hidden.size()
@@ -105,7 +118,7 @@ class LeanGlm4vText:
         cos, sin = rotary
         query, key = glm.apply_rotary_pos_emb(query, key, cos, sin)
         key, value = cache.update(key, value, layer.index)
-        out, _ = self.attention(layer.attn, query, key, value, mask, dropout=0.0, scaling=layer.scaling)
+        out, _ = attention(layer.attn, query, key, value, mask, dropout=0.0, scaling=layer.scaling)
         out = out.reshape(bsz, q_len, -1).contiguous()
         return layer.o(out)
 
