@@ -68,59 +68,56 @@ class LeanGlm4vText:
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
             text.config._attn_implementation, glm.eager_attention_forward
         )
+        step = _Step(rotary, causal_mask, cache, attention)
         hidden = embeds
         for layer in self.layers:
-            hidden = self._layer(layer, hidden, rotary, causal_mask, cache, attention)
+            hidden = _decoder_layer(layer, hidden, step)
         hidden = self.norm(hidden)
         return self.lm_head(hidden[:, -1:, :])[:, -1]
 
-    def _layer(
-        self,
-        layer: _Layer,
-        hidden: torch.Tensor,
-        rotary: Any,
-        mask: torch.Tensor | None,
-        cache: DynamicCache,
-        attention: Any,
-    ) -> torch.Tensor:
-        """``Glm4vTextDecoderLayer.forward``, op for op."""
-        residual = hidden
-        hidden = layer.input_norm(hidden)
-        hidden = self._attend(layer, hidden, rotary, mask, cache, attention)
-        hidden = layer.post_attn_out_norm(hidden)
-        hidden = residual + hidden
-        residual = hidden
-        hidden = layer.pre_mlp_norm(hidden)
-        up_states = layer.gate_up(hidden)  # Glm4vTextMLP.forward
-        gate, up_states = up_states.chunk(2, dim=-1)
-        up_states = up_states * layer.activation(gate)
-        hidden = layer.down(up_states)
-        hidden = layer.post_mlp_norm(hidden)
-        return residual + hidden
 
-    @staticmethod
-    def _attend(
-        layer: _Layer,
-        hidden: torch.Tensor,
-        rotary: Any,
-        mask: torch.Tensor | None,
-        cache: DynamicCache,
-        attention: Any,
-    ) -> torch.Tensor:
-        """``Glm4vTextAttention.forward``, op for op."""
-        bsz, q_len, _ = hidden.size()
-        query = layer.q(hidden)
-        key = layer.k(hidden)
-        value = layer.v(hidden)
-        query = query.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
-        key = key.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
-        value = value.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
-        cos, sin = rotary
-        query, key = glm.apply_rotary_pos_emb(query, key, cos, sin)
-        key, value = cache.update(key, value, layer.index)
-        out, _ = attention(layer.attn, query, key, value, mask, dropout=0.0, scaling=layer.scaling)
-        out = out.reshape(bsz, q_len, -1).contiguous()
-        return layer.o(out)
+@dataclass(frozen=True)
+class _Step:
+    """What every layer of one forward shares."""
+
+    rotary: Any  # (cos, sin) of the M-RoPE positions
+    mask: torch.Tensor | None
+    cache: DynamicCache
+    attention: Any  # HF's attention interface for the model's implementation
+
+
+def _decoder_layer(layer: _Layer, hidden: torch.Tensor, step: _Step) -> torch.Tensor:
+    """``Glm4vTextDecoderLayer.forward``, op for op."""
+    residual = hidden
+    hidden = layer.input_norm(hidden)
+    hidden = _attend(layer, hidden, step)
+    hidden = layer.post_attn_out_norm(hidden)
+    hidden = residual + hidden
+    residual = hidden
+    hidden = layer.pre_mlp_norm(hidden)
+    up_states = layer.gate_up(hidden)  # Glm4vTextMLP.forward
+    gate, up_states = up_states.chunk(2, dim=-1)
+    up_states = up_states * layer.activation(gate)
+    hidden = layer.down(up_states)
+    hidden = layer.post_mlp_norm(hidden)
+    return residual + hidden
+
+
+def _attend(layer: _Layer, hidden: torch.Tensor, step: _Step) -> torch.Tensor:
+    """``Glm4vTextAttention.forward``, op for op."""
+    bsz, q_len, _ = hidden.size()
+    query = layer.q(hidden)
+    key = layer.k(hidden)
+    value = layer.v(hidden)
+    query = query.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
+    key = key.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
+    value = value.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
+    cos, sin = step.rotary
+    query, key = glm.apply_rotary_pos_emb(query, key, cos, sin)
+    key, value = step.cache.update(key, value, layer.index)
+    out, _ = step.attention(layer.attn, query, key, value, step.mask, dropout=0.0, scaling=layer.scaling)
+    out = out.reshape(bsz, q_len, -1).contiguous()
+    return layer.o(out)
 
 
 @dataclass(frozen=True)
