@@ -344,7 +344,7 @@ async def measured_run(
 
 
 async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> dict[str, Any]:
-    per_level = {c: max(args.requests, 2 * c) for c in args.levels}
+    per_level = {c: max(args.requests, args.rounds * c) for c in args.levels}
     runs: list[dict[str, Any]] = []
     c1: dict[str, tuple[list[BenchRequest], list[Sample]]] = {}
     meter = meter_for(stack, peer)
@@ -455,12 +455,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sustain-s", type=float, default=None, help="sustained load for Redis memory (default 300; 0: none)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="requests per client at each level (default 8; quick and smoke 2)"
+    )
     args = parser.parse_args(argv)
     args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     args.levels = [int(x) for x in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
     if 1 not in args.levels:  # the overhead, the hops and the answers' agreement are measured there
         parser.error("--levels must include 1")
     args.requests = {"smoke": 2, "quick": 6, "full": 16}[args.mode]
+    if args.rounds is None:  # 2 rounds per client measured mostly the ramp (all clients arriving at once)
+        args.rounds = {"smoke": 2, "quick": 2, "full": 8}[args.mode]
     if args.sustain_s is None:
         args.sustain_s = {"smoke": 2.0, "quick": 30.0, "full": 300.0}[args.mode]
     args.sustain_pool = 8 if args.mode == "smoke" else 128
