@@ -456,7 +456,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sustain-s", type=float, default=None, help="sustained load for Redis memory (default 300; 0: none)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=None, help="requests per client at each level (default 8; quick and smoke 2)"
+        "--rounds", type=int, default=None, help="requests per client per level (default 8; quick, smoke 2)"
     )
     args = parser.parse_args(argv)
     args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"

@@ -100,24 +100,7 @@ async def follow(
     block_ms: int = BLOCK_MS,
     on_idle: Callable[[], Awaitable[object]] | None = None,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """Events after ``last_id`` as they come, ending with the terminal event (``follow_batches``,
-    one at a time)."""
-    async for batch in follow_batches(redis, keys, job_id, last_id, block_ms, on_idle):
-        for item in batch:
-            yield item
-
-
-async def follow_batches(
-    redis: aioredis.Redis,
-    keys: Keys,
-    job_id: str,
-    last_id: str = "0",
-    block_ms: int = BLOCK_MS,
-    on_idle: Callable[[], Awaitable[object]] | None = None,
-) -> AsyncIterator[list[tuple[str, JobEvent]]]:
-    """Events after ``last_id`` as they come, in the groups one read returned (never empty), the
-    last group ending with the terminal event. A writer that can send a group at once (SSE) makes
-    one socket write of it instead of one per event.
+    """Events after ``last_id`` as they come, ending with the terminal event.
 
     ``on_idle`` runs whenever a read found nothing new (the gateway's lazy expiry check).
 
@@ -137,18 +120,14 @@ async def follow_batches(
             if server_exiting() or await _finished_or_gone(redis, keys, job_id, key, last_id):
                 return
             continue
-        batch: list[tuple[str, JobEvent]] = []
         for entry_id, fields in reply[0][1]:
             last_id = as_str(entry_id)
             event = JobEvent.from_fields(fields)
             if not tokens.accept(event):
                 continue
-            batch.append((last_id, event))
+            yield last_id, event
             if is_terminal(event):
-                yield batch
                 return
-        if batch:
-            yield batch
 
 
 async def _finished_or_gone(redis: aioredis.Redis, keys: Keys, job_id: str, key: str, last_id: str) -> bool:

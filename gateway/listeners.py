@@ -20,7 +20,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.errors import APIError
-from gateway.event_reader import follow_batches
+from gateway.event_reader import follow
 from gateway.job_records import ANY_TENANT, cancel_job, current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
@@ -37,32 +37,19 @@ def event_payload(event_id: str, event: JobEvent) -> dict[str, Any]:
 async def job_events(
     state: GatewayState, job_id: str, last_id: str, kind: str, cancel_on_disconnect: bool = False
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """``job_event_batches``, one event at a time."""
-    batches = job_event_batches(state, job_id, last_id, kind, cancel_on_disconnect)
-    try:
-        async for batch in batches:
-            for item in batch:
-                yield item
-    finally:
-        await batches.aclose()  # type: ignore[attr-defined]  # its bookkeeping runs now, not at GC
-
-
-async def job_event_batches(
-    state: GatewayState, job_id: str, last_id: str, kind: str, cancel_on_disconnect: bool = False
-) -> AsyncIterator[list[tuple[str, JobEvent]]]:
-    """``follow_batches`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule."""
+    """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule."""
     _listeners[job_id] += 1
     state.metrics.open_streams.labels(kind).inc()
     finished = False
 
     async def expire_check() -> None:
-        with contextlib.suppress(APIError):  # gone: follow_batches() notices and ends
+        with contextlib.suppress(APIError):  # gone: follow() notices and ends
             await current_record(state, job_id, ANY_TENANT)  # the route checked the tenant
 
     try:
         await expire_check()
-        async for batch in follow_batches(state.streams, state.keys, job_id, last_id, on_idle=expire_check):
-            yield batch
+        async for item in follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check):
+            yield item
         finished = True
     finally:
         state.metrics.open_streams.labels(kind).dec()

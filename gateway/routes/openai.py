@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from gateway.accept import Accepted, cache_headers, submit
 from gateway.auth import TenantDep
@@ -25,7 +25,7 @@ from gateway.errors import APIError, error_body
 from gateway.event_reader import is_terminal
 from gateway.intake import from_openai
 from gateway.job_records import ANY_TENANT, cancel_job, load_record
-from gateway.listeners import job_event_batches, job_events
+from gateway.listeners import job_events
 from gateway.openai_schema import (
     ChatCompletionRequest,
     chunk_json,
@@ -138,48 +138,34 @@ async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord
     return await load_record(state, job_id, ANY_TENANT)
 
 
-async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[bytes]:
-    """The SSE stream, one write per group of events that arrived together (``follow_batches``): a
-    socket write is most of an event's cost, and a step's last token, the finish, the usage and
-    ``[DONE]`` arrive at once."""
+async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:
     job_id, model = accepted.spec.job_id, state.settings.model_name
     created = int(accepted.spec.created_at)
 
     def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> str:
         return json.dumps(chunk_json(job_id, model, created, delta, finish, usage, choices=usage is None))
 
-    yield sse_events([chunk({"role": "assistant", "content": ""})])  # at once: the stream is open
-    pending: list[str] = []
+    yield chunk({"role": "assistant", "content": ""})
     streamed = ended = False
-    async for batch in job_event_batches(state, job_id, "0", "openai", cancel_on_disconnect=True):
-        for _, event in batch:
-            if event.type == "token" and event.text:
-                streamed = True
-                pending.append(chunk({"content": event.text}))
-            elif event.type == "done":
-                ended = True
-                if not streamed and event.final_text:  # result-cache hit: no token events
-                    pending.append(chunk({"content": event.final_text}))
-                pending.append(chunk({}, event.finish_reason or "stop"))
-                if include_usage:
-                    pending.append(chunk({}, usage=usage_json(event.usage)))
-            elif is_terminal(event):
-                ended = True
-                http, message, code = terminal_error(
-                    event.status or JobStatus.FAILED, event.error_code, event.error
-                )
-                pending.append(json.dumps(error_body(http, message, code=code)))
-        if pending and not ended:
-            yield sse_events(pending)
-            pending = []
+    async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
+        if event.type == "token" and event.text:
+            streamed = True
+            yield chunk({"content": event.text})
+        elif event.type == "done":
+            ended = True
+            if not streamed and event.final_text:  # result-cache hit: no token events
+                yield chunk({"content": event.final_text})
+            yield chunk({}, event.finish_reason or "stop")
+            if include_usage:
+                yield chunk({}, usage=usage_json(event.usage))
+        elif is_terminal(event):
+            ended = True
+            http, message, code = terminal_error(
+                event.status or JobStatus.FAILED, event.error_code, event.error
+            )
+            yield json.dumps(error_body(http, message, code=code))
     if not ended:  # this gateway is shutting down: say so rather than end as if complete
         with contextlib.suppress(APIError):
             await cancel_job(state, job_id, ANY_TENANT)
-        shutting_down = error_body(503, "gateway shutting down; retry the request", code="shutting_down")
-        pending.append(json.dumps(shutting_down))
-    yield sse_events([*pending, "[DONE]"])
-
-
-def sse_events(payloads: list[str]) -> bytes:
-    """Several ``data:`` events in one body chunk, encoded as sse-starlette encodes one."""
-    return b"".join(ServerSentEvent(data).encode() for data in payloads)
+        yield json.dumps(error_body(503, "gateway shutting down; retry the request", code="shutting_down"))
+    yield "[DONE]"
