@@ -1,14 +1,16 @@
 """End-to-end service benchmark: vlmq (gateway + Celery decode + inference worker) beside
 ``transformers serve`` (a peer), same checkpoint, same requests, same ``openai``-client load.
 
-    python -m bench.service_bench [--quick | --smoke] [--levels 1,8,32] [--model PATH] [--out DIR]
+    python -m bench.service_bench [--quick | --smoke] [--levels 1,8,32] [--rounds 8] [--out DIR]
 
 Closed loop at each concurrency: every client sends its next request when the previous one
-ends. Per level, three runs: the peer through the openai client (streaming), vlmq through
-the openai client (streaming), vlmq over ``/v1/chat/ws`` (TTFT over WebSocket, per-stage
-timings from the done event). Pipeline overhead: vlmq's end-to-end time at concurrency 1
-minus the engine-only time (``Engine.generate_sync`` in process) for the same requests.
-Greedy, ``max_tokens`` 16, result cache bypassed. Writes bench/results/service_bench.{json,md}.
+ends, ``--rounds`` requests per client (at least 16 in all). Per level, three runs: the peer
+through the openai client (streaming), vlmq through the openai client (streaming), vlmq over
+``/v1/chat/ws`` (TTFT over WebSocket, per-stage timings from the done event). Pipeline
+overhead: vlmq's end-to-end time at concurrency 1 minus the engine-only time
+(``Engine.generate_sync`` in process) for the same requests. Greedy, ``max_tokens`` 16, result
+cache bypassed. ``--model PATH`` serves another checkpoint. Writes
+bench/results/service_bench.{json,md}.
 """
 
 from __future__ import annotations
@@ -464,7 +466,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if 1 not in args.levels:  # the overhead, the hops and the answers' agreement are measured there
         parser.error("--levels must include 1")
     args.requests = {"smoke": 2, "quick": 6, "full": 16}[args.mode]
-    if args.rounds is None:  # 2 rounds per client measured mostly the ramp (all clients arriving at once)
+    if args.rounds is None:  # at 2, much of the 32-client row was its ramp (all clients arriving at once)
         args.rounds = {"smoke": 2, "quick": 2, "full": 8}[args.mode]
     if args.sustain_s is None:
         args.sustain_s = {"smoke": 2.0, "quick": 30.0, "full": 300.0}[args.mode]
