@@ -48,13 +48,17 @@ class Example:
     pointer_targets: torch.Tensor  # (P, G + 1) float32 attention targets over image_keys
 
 
-def messages(turns: list[Turn], with_answers: bool = True, system: str | None = None) -> list[dict[str, Any]]:
-    """Chat messages for a conversation; the image is attached to the first user turn. Without a
-    ``system`` prompt the chat template inserts the default one."""
+def messages(
+    turns: list[Turn], with_answers: bool = True, system: str | None = None, text_first: bool = False
+) -> list[dict[str, Any]]:
+    """Chat messages for a conversation; the image is attached to the first user turn, before its
+    question (after it with ``text_first``). Without a ``system`` prompt the chat template inserts
+    the default one."""
     out: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
     for i, turn in enumerate(turns):
         if i == 0:
-            content: Any = [{"type": "image"}, {"type": "text", "text": turn.question}]
+            parts: list[dict[str, Any]] = [{"type": "image"}, {"type": "text", "text": turn.question}]
+            content: Any = parts[::-1] if text_first else parts
         else:
             content = turn.question
         out.append({"role": "user", "content": content})

@@ -39,16 +39,23 @@ class EngineAnswerer:
         self.engine.stop()
 
     def run_conversations(
-        self, convs: list[list[Turn]], images: list[Any], systems: list[str | None] | None = None
+        self,
+        convs: list[list[Turn]],
+        images: list[Any],
+        systems: list[str | None] | None = None,
+        text_first: list[bool] | None = None,
     ) -> list[list[str]]:
         systems = systems or [None] * len(convs)
+        layouts = text_first or [False] * len(convs)
         pictures = [self.image_input(image) for image in images]
         sessions = [uuid.uuid4().hex for _ in convs]
         answers: list[list[str]] = [[] for _ in convs]
         for turn in range(max(len(turns) for turns in convs)):
             live = [i for i, turns in enumerate(convs) if len(turns) > turn]
             requests = [
-                self.request(convs[i][: turn + 1], answers[i], systems[i], pictures[i], sessions[i])
+                self.request(
+                    convs[i][: turn + 1], answers[i], systems[i], pictures[i], sessions[i], layouts[i]
+                )
                 for i in live
             ]
             for i, text in zip(live, self.answer_all(requests), strict=True):
@@ -56,9 +63,15 @@ class EngineAnswerer:
         return answers
 
     def request(
-        self, turns: list[Turn], given: list[str], system: str | None, picture: ImageInput, session: str
+        self,
+        turns: list[Turn],
+        given: list[str],
+        system: str | None,
+        picture: ImageInput,
+        session: str,
+        text_first: bool = False,
     ) -> GenerationRequest:
-        history = data.messages(turns, with_answers=True, system=system)[:-1]  # not this turn's gold
+        history = data.messages(turns, True, system, text_first)[:-1]  # not this turn's gold
         offset = 0 if system is None else 1
         for k, answer in enumerate(given):
             history[offset + 2 * k + 1]["content"] = answer

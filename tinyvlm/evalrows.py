@@ -141,6 +141,7 @@ SURFACE_CHANGES: dict[str, Change] = {
     "objects_for_shapes": _question_change(_objects_for_shapes),
     "top_left_corner": _question_change(_corner),
     "own_system_prompt": lambda item: replace(item, system=OWN_SYSTEM_PROMPT),
+    "text_first": lambda item: replace(item, text_first=True),  # [question, picture], as OpenAI docs write
     "off_centre": _off_centre,
     "frame": _framed,
 }

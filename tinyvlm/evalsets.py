@@ -38,6 +38,7 @@ class Item:
     turns: list[Turn]
     system: str | None = None  # None: the chat template's default
     renderer: str = "first"  # "first" (tinyvlm.render) or "second" (tinyvlm.second_renderer)
+    text_first: bool = False  # the first turn's question before its picture, as many clients send it
 
 
 def items(eval_set: EvalSet, min_questions: int | None = None) -> Iterator[Item]:

@@ -61,16 +61,18 @@ def run_conversations(
     convs: list[list[Turn]],
     images: list[Any],
     systems: list[str | None] | None = None,
+    text_first: list[bool] | None = None,
 ) -> list[list[str]]:
     """Answers turn by turn; each turn's history holds the model's previous answers."""
     answers: list[list[str]] = [[] for _ in convs]
     systems = systems or [None] * len(convs)
+    text_first = text_first or [False] * len(convs)
     offset = [0 if s is None else 1 for s in systems]
     for turn in range(max(len(turns) for turns in convs)):
         live = [i for i, turns in enumerate(convs) if len(turns) > turn]
         histories = []
         for i in live:
-            history = data.messages(convs[i][: turn + 1], with_answers=True, system=systems[i])
+            history = data.messages(convs[i][: turn + 1], True, systems[i], text_first[i])
             for k, given in enumerate(answers[i]):
                 history[offset[i] + 2 * k + 1]["content"] = given
             histories.append(history[:-1])  # drop this turn's gold answer
@@ -132,7 +134,7 @@ def _error(item: Item, turn_index: int, given: str) -> dict[str, Any]:
     }
 
 
-Answerer = Callable[[list[list[Turn]], list[Any], list[str | None]], list[list[str]]]
+Answerer = Callable[[list[list[Turn]], list[Any], list[str | None], list[bool]], list[list[str]]]
 
 
 def answerers(models: dict[str, tuple[Any, Any]], backend: str, batch: int) -> dict[str, Answerer]:
@@ -154,9 +156,10 @@ def evaluate_row(
         chunk = items[start : start + chunk_size]
         images = [evalsets.client_image(item, seed=start + i) for i, item in enumerate(chunk)]
         convs, systems = [item.turns for item in chunk], [item.system for item in chunk]
+        text_first = [item.text_first for item in chunk]
         for mode, run in answer.items():
             began = time.time()
-            answers = run(convs, images, systems)
+            answers = run(convs, images, systems, text_first)
             seconds[mode] += time.time() - began
             for item, given in zip(chunk, answers, strict=True):
                 tallies[mode].add(item, given)

@@ -35,7 +35,9 @@ VOCAB_SIZE = 1024
 
 # Jinja chat template: inserts the default system prompt when the conversation has none, renders
 # {"type": "image"} parts as one image placeholder (the processor expands it to the real count),
-# and ends every assistant turn with EOS so generation stops there.
+# and ends every assistant turn with EOS so generation stops there. A message's pictures come
+# before its text whatever the parts' order: the model only ever saw the picture first, and many
+# clients send [question, picture] (OpenAI's own examples do; eval row surface/text_first).
 CHAT_TEMPLATE = (
     "{%- set default_system = " + json.dumps(vocab.DEFAULT_SYSTEM_PROMPT) + " -%}"
     "{%- if not messages or messages[0]['role'] != 'system' -%}"
@@ -44,10 +46,12 @@ CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "<|{{ message['role'] }}|>"
     "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}<|begin_of_image|><|image|><|end_of_image|>"
-    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- else -%}"
+    "{%- for part in message['content'] if part['type'] == 'image' -%}"
+    "<|begin_of_image|><|image|><|end_of_image|>"
+    "{%- endfor -%}"
+    "{%- for part in message['content'] if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}"
+    "{%- endif -%}"
     "{%- if message['role'] == 'assistant' -%}<|endoftext|>{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"

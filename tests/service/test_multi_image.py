@@ -99,8 +99,8 @@ async def test_images_added_across_stored_turns(
 async def test_text_and_images_interleaved_in_one_message(
     service_stack: ServiceStack, reference: Reference
 ) -> None:
-    """Images stay where the client put them among the text: the prompt the engine runs has them
-    there, and the answer is the batch-of-one answer to that prompt."""
+    """Images stay where the client put them among the text (the job's ``image_at``); the model's
+    chat template renders the prompt from there, and the answer is the batch-of-one answer to it."""
     content = [
         {"type": "text", "text": "First"},
         part(SHAPES),

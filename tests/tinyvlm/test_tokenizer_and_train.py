@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoProcessor
 
 from tinyvlm import data
-from tinyvlm.tokenizer import build_tokenizer
+from tinyvlm.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,6 +19,25 @@ def test_tokenizer_matches_committed_checkpoint() -> None:
     rebuilt = json.loads(build_tokenizer().backend_tokenizer.to_str())
     assert rebuilt["model"]["vocab"] == committed["model"]["vocab"]
     assert rebuilt["model"]["merges"] == committed["model"]["merges"]
+
+
+def test_chat_template_puts_a_messages_pictures_before_its_text() -> None:
+    """The shipped template is the builder's, and renders [question, picture] as [picture, question]
+    (the only layout the model was trained on); several pictures keep their order, texts theirs."""
+    shipped = ROOT / "models" / "vlmq-tiny"
+    assert (shipped / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    processor = AutoProcessor.from_pretrained(shipped)
+
+    def render(parts: list[dict[str, str]]) -> str:
+        messages = [{"role": "user", "content": parts}]
+        return str(processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    image, question = {"type": "image"}, {"type": "text", "text": "What colour is it?"}
+    assert render([question, image]) == render([image, question])
+    assert render([question, image]).endswith("<|end_of_image|>What colour is it?<|assistant|>")
+    interleaved = [{"type": "text", "text": "A:"}, image, {"type": "text", "text": " B:"}, image]
+    assert render(interleaved).endswith("<|end_of_image|>A: B:<|assistant|>")
+    assert render(interleaved).count("<|begin_of_image|><|image|><|end_of_image|>") == 2
 
 
 def test_labels_cover_answers_and_eos_only() -> None:
