@@ -5,8 +5,9 @@ held-out and wide sets (``tinyvlm.evalsets``).
 - ``held_out_families``: only frames, cores and pronouns training never saw.
 - ``surface/<change>``: one surface change at a time, paired with the same items unchanged: the
   question in capitals, with "please", a lower-case first letter, a trailing space, "objects" for
-  "shapes", "in the top-left corner" for "in the top left", a system prompt of one's own, objects off
-  their cell's centre, a frame around the picture, a glyph font training never saw.
+  "shapes", "in the top-left corner" for "in the top left", a system prompt of one's own, the
+  question sent before its picture, objects off their cell's centre, a frame around the picture, a
+  glyph font training never saw.
 - ``second_renderer``: the same conversations drawn by ``tinyvlm.second_renderer``, paired with
   ``tinyvlm.render``'s pictures of them.
 - ``unknown/*``: questions outside the model's world, answered "I can't tell" (held-out topics, and
