@@ -175,6 +175,7 @@ def _log_row(step: int, out: objective.StepOutput, started: float) -> dict[str, 
         "pointer_loss": round(out.pointer_loss.item(), 4),
         "answer_token_acc": round(answer_accuracy(out.logits.detach(), out.labels), 4),
         "elapsed_s": round(time.time() - started, 1),
+        "cpu_s": round(time.process_time(), 1),  # this process's CPU (the data workers' not included)
     }
 
 
@@ -196,7 +197,10 @@ def vision_stage(
         print(f"vision stage: step {step} token loss {loss:.3f}", flush=True)
 
     params = [*model.model.visual.parameters(), *heads.parameters()]
+    wall, cpu = time.time(), time.process_time()
     fit(params, cfg.vision_steps, cfg.vision_lr, step_loss, report)
+    wall, cpu = time.time() - wall, time.process_time() - cpu
+    print(f"vision stage: {cfg.vision_steps} steps in {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
 
 
 def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], list[list[int]]]:
@@ -350,8 +354,11 @@ def main() -> None:
     parser.add_argument("--polish-seed", type=int, default=None, help="draws the polish set and its order")
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1: less CPU; each count its own weights)"
+    )
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     out = args.out or Path("runs/vlmq-tiny-smoke" if args.smoke else "runs/vlmq-tiny")
     names = [
         "steps",
