@@ -197,9 +197,9 @@ def vision_stage(
         print(f"vision stage: step {step} token loss {loss:.3f}", flush=True)
 
     params = [*model.model.visual.parameters(), *heads.parameters()]
-    wall, cpu = time.time(), time.process_time()
+    began_wall, began_cpu = time.time(), time.process_time()
     fit(params, cfg.vision_steps, cfg.vision_lr, step_loss, report)
-    wall, cpu = time.time() - wall, time.process_time() - cpu
+    wall, cpu = time.time() - began_wall, time.process_time() - began_cpu
     print(f"vision stage: {cfg.vision_steps} steps in {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
 
 
