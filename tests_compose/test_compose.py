@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 
 from shared.jobs import JobRecord
 from shared.keys import INFERENCE_GROUP
-from shared.schemas import JobSpec
+from shared.schemas import JobSpec, JobStatus
 from tests.gateway.clients import read_sse, token_text
 from tests.service.conftest import wait_done
 from tests.support.jobs import image_bytes
@@ -225,6 +225,16 @@ def held_jobs(stack: ComposeStack, consumer: str) -> list[str]:
     return [fields[b"job_id"].decode() for found in entries for _id, fields in found]
 
 
+def begun_and_open(stack: ComposeStack, jobs: list[str]) -> bool:
+    """Whether one of ``jobs`` has begun an attempt and is not yet finished: a worker that read its
+    entries but has not begun them yet would run them again as their first attempt."""
+    pipe = stack.redis.pipeline()
+    for job_id in jobs:
+        pipe.hmget(stack.keys.job(job_id), "attempt", "status")
+    rows = pipe.execute()
+    return any(int(attempt or 0) >= 1 and not JobStatus(status.decode()).terminal for attempt, status in rows)
+
+
 def sigkill(pid: int) -> None:
     """`kill -9` from the host (not `docker kill`: a manual stop, which is never restarted)."""
     try:
@@ -240,8 +250,8 @@ def kill_when_busy(
     """SIGKILL the worker once it holds a few jobs; returns the jobs it held when it died, and when."""
     pid = int(stack.inspect(container, "{{.State.Pid}}"))
     deadline = time.monotonic() + timeout_s
-    while held_count(stack, consumer) < 4:
-        assert time.monotonic() < deadline, "the inference worker never held 4 jobs at once"
+    while held_count(stack, consumer) < 4 or not begun_and_open(stack, held_jobs(stack, consumer)):
+        assert time.monotonic() < deadline, "the inference worker never held 4 jobs, one of them begun"
         time.sleep(0.005)
     sigkill(pid)
     killed_at = time.monotonic()
