@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.vlm.patch_embed import linear_patch_embed
-from tinyvlm import build, data, labels, objective, questions, referents, vocab
+from tinyvlm import attention, build, data, labels, objective, questions, referents, vocab
 from tinyvlm.scene import Glyph, Obj, Scene, sample_scene
 
 
@@ -97,3 +97,22 @@ def test_question_labels_cover_the_user_words_only(processor: object) -> None:
     scene = sample_scene(rng)
     turns = questions.conversation(scene, rng, n_turns=rng.randint(*data.TRAIN_TURNS))
     assert kept == "".join(turn.question for turn in turns)
+
+
+def test_pointer_layers_attention_matches_eager_and_keeps_the_pointer_weights(processor: object) -> None:
+    """SDPA outside the pointer layers, with eager's padding mask: the same losses as eager everywhere
+    (float rounding apart), and the pointer loss still reads its two layers' weights."""
+    model = build.build_model(processor.tokenizer, seed=0)  # type: ignore[attr-defined]
+    heads = objective.TokenHeads(objective.text_hidden_size(model))
+    heads.add_module("referents", referents.ReferentHead(objective.text_hidden_size(model)))
+    batch = batch_of(processor, 3)
+    assert (batch["attention_mask"] == 0).any()  # padded rows: the mask matters
+    weights = objective.Weights(token=0.5, question=0.3, referent=1.0, pointer=1.0)
+    model.train()  # as training runs it (no dropout in this config)
+    losses = {}
+    for implementation in ("eager", attention.NAME):
+        model.model.language_model.set_attn_implementation(implementation)
+        out = objective.step(model, heads, batch, weights)
+        losses[implementation] = torch.stack([out.answer_loss, out.question_loss, out.pointer_loss])
+    assert losses[attention.NAME][2] > 0  # the pointer layers' weights were read
+    assert torch.allclose(losses["eager"], losses[attention.NAME], rtol=1e-4, atol=1e-5)
