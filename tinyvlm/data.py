@@ -226,7 +226,10 @@ def training_conversation(seed: int, index: int, spec: SceneSpec = TRAIN_SPEC) -
     rng = random.Random(f"{seed}-{index}")  # per-example stream: order-independent, reproducible
     scene = sample_scene(rng, spec)
     if spec.variety:
-        turns = dialogue.conversation(scene, rng, n_turns=rng.randint(*TRAIN_TURNS))
+        style = dialogue.TRAINING
+        if spec.unknown_weight is not None:
+            style = replace(style, unknown_weight=spec.unknown_weight)
+        turns = dialogue.conversation(scene, rng, style, n_turns=rng.randint(*TRAIN_TURNS))
         text = dialogue.ask_text(scene, rng, dialogue.Split.TRAIN)
         text = None if text is None else dialogue.dressed(text, rng)
         count = dialogue.dressed(dialogue.ask_count(scene, rng, dialogue.Split.TRAIN), rng)
@@ -284,7 +287,8 @@ def generate(n: int, seed: int, spec: SceneSpec = TRAIN_SPEC, workers: int = 2) 
 def load_or_generate(
     n: int, seed: int, cache_dir: Path, workers: int = 2, spec: SceneSpec = TRAIN_SPEC, tag: str = ""
 ) -> list[Example]:
-    path = cache_dir / f"train{tag}-v{CACHE_VERSION}-s{seed}-n{n}.safetensors"
+    unknown = "" if spec.unknown_weight is None else f"-u{spec.unknown_weight:g}"
+    path = cache_dir / f"train{tag}{unknown}-v{CACHE_VERSION}-s{seed}-n{n}.safetensors"
     if path.exists():
         return _load_examples(path)
     examples = generate(n, seed, spec=spec, workers=workers)

@@ -99,6 +99,9 @@ class SceneSpec:
     # in its own proportions and turn, slanted, narrow and turned glyphs, and a share of pictures in
     # the first look (tinyvlm/notes/2026-12-04-missed-rows.md). Off, no extra draws are made.
     augment: bool = False
+    # Training conversations only: the weight of "I can't tell" questions among fresh ones (None:
+    # ``dialogue.TRAINING``'s). Fewer of them, fewer false refusals to unseen wordings.
+    unknown_weight: float | None = None
 
 
 LEGACY_SPEC = SceneSpec()

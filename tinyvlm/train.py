@@ -104,6 +104,11 @@ class TrainConfig:
     # eager only in the two the pointer loss reads, SDPA in the rest (tinyvlm.attention; ~7 % less CPU
     # a joint step; other floats, so other weights).
     attention: str = "eager"
+    # The weight of "I can't tell" questions in the joint stage's and the polish's conversations
+    # (None: dialogue.TRAINING's, 1.2). Notes 2026-12-05-cheaper-recipe.md: 0.6 then 1.2 cut false
+    # refusals to unseen wordings.
+    unknown_weight: float | None = None
+    polish_unknown_weight: float | None = None
 
 
 HEADS_FILE = "aux_heads.safetensors"  # OUT/joint: the training-only heads (not part of the model)
@@ -141,7 +146,8 @@ def load_data(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], li
     plan: list[list[int]] = []
     for k, phase in enumerate(phases):
         n = phase.examples or cfg.examples
-        part = data.load_or_generate(n, cfg.seed, cache_dir, cfg.workers, phase.spec, phase.tag)
+        spec = replace(phase.spec, unknown_weight=cfg.unknown_weight)
+        part = data.load_or_generate(n, cfg.seed, cache_dir, cfg.workers, spec, phase.tag)
         end = phases[k + 1].start if k + 1 < len(phases) else 1.0
         steps = round(end * cfg.steps) - round(phase.start * cfg.steps)
         plan.extend(batches(len(part), steps, cfg, offset=len(examples)))
@@ -209,7 +215,9 @@ def vision_stage(
 
 def load_polish(cfg: TrainConfig, cache_dir: Path) -> tuple[list[data.Example], list[list[int]]]:
     """The polish stage's examples (its own seed: new pictures) and its index batches."""
-    spec = replace(TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True)
+    spec = replace(
+        TRAIN_SPEC, repeat=cfg.polish_repeat, drills=True, unknown_weight=cfg.polish_unknown_weight
+    )
     seed = cfg.polish_seed
     examples = data.load_or_generate(
         cfg.polish_examples, seed, cache_dir, cfg.workers, spec, f"-polish-r{cfg.polish_repeat:g}"
@@ -360,6 +368,8 @@ def main() -> None:
     parser.add_argument(
         "--attention", choices=("eager", "pointer-layers"), default=None, help="text layers' attention"
     )
+    parser.add_argument("--unknown-weight", type=float, default=None, help="'I can't tell' share, joint")
+    parser.add_argument("--polish-unknown-weight", type=float, default=None, help="the same, polish")
     parser.add_argument("--init", type=Path, default=None, help="start from this checkpoint's weights")
     parser.add_argument("--no-curriculum", action="store_true", help="full distribution from step 0")
     parser.add_argument(
@@ -385,6 +395,8 @@ def main() -> None:
         "polish_seed",
         "polish_token_weight",
         "attention",
+        "unknown_weight",
+        "polish_unknown_weight",
     ]
     overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.no_curriculum:
