@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tinyvlm import dialogue, evalrows, grammar, labels, render
+from tinyvlm import data, dialogue, evalrows, grammar, labels, render
 from tinyvlm import phrasebook as pb
 from tinyvlm.scene import TRAIN_SPEC, VARIED_SPEC, VARIETY_SLACK, Glyph, Obj, Scene, sample_scene
 
@@ -139,3 +139,18 @@ def test_fillers_are_stray_words_that_keep_the_question_and_its_answer() -> None
     words = {re.findall(r"[a-z]+", f.lower().replace("what colour is the red circle", ""))[0] for f in filled}
     assert len(words) > 100 and not words & {"red", "circle", "colour", "left", "right", "big", "small"}
     assert 0.08 < dialogue.TRAINING.filler_share < 0.2 and dialogue.PLAIN.filler_share == 0.0
+
+
+def test_the_unknown_weight_sets_the_share_of_cannot_tell_questions() -> None:
+    """``SceneSpec.unknown_weight`` (``tinyvlm.train --unknown-weight``): none at 0, about half as
+    many at half the default, and the default spec draws exactly as before (None: TRAINING's)."""
+
+    def unknown_share(spec: object) -> float:
+        turns = [t for i in range(300) for t in data.training_conversation(5, i, spec)[1]]  # type: ignore[arg-type]
+        return sum(t.answer == pb.CANNOT_TELL for t in turns) / len(turns)
+
+    default = unknown_share(TRAIN_SPEC)
+    assert default == unknown_share(replace(TRAIN_SPEC, unknown_weight=dialogue.TRAINING.unknown_weight))
+    assert unknown_share(replace(TRAIN_SPEC, unknown_weight=0.0)) == 0.0
+    half = unknown_share(replace(TRAIN_SPEC, unknown_weight=dialogue.TRAINING.unknown_weight / 2))
+    assert 0.3 * default < half < 0.75 * default
