@@ -1,11 +1,11 @@
 """Training attention: eager only where the pointer loss reads the weights, SDPA elsewhere.
 
 The pointer loss (``tinyvlm.pointers``) reads the attention weights of two text layers, and only
-HF's eager attention returns them. Eager in every layer cost ~40 % of a joint step (the score
+HF's eager attention returns them. Eager in every layer cost ~30-40 % of a joint step (the score
 matmuls, their scaling, softmax and its backward over (rows, heads, queries, keys)); SDPA's fused
 kernel does the other layers' attention without materialising the weights. Both take the same
-additive mask (eager's), so padding is handled alike. The saved model is a plain Glm4v: this is a
-training-time setting only (``train`` sets it, and puts the model back to SDPA before saving).
+additive mask (eager's), so padding is handled alike. The saved model is a plain Glm4v: the
+attention implementation is not written to its config, so this is a training-time setting only.
 """
 
 from __future__ import annotations
