@@ -22,7 +22,7 @@ import random
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -103,7 +103,7 @@ class TrainConfig:
     # The text layers' attention: "eager" in all of them (the committed weights), or "pointer-layers":
     # eager only in the two the pointer loss reads, SDPA in the rest (tinyvlm.attention; ~7 % less CPU
     # a joint step; other floats, so other weights).
-    attention: str = "eager"
+    attention: Literal["eager", "pointer-layers"] = "eager"
     # The weight of "I can't tell" questions in the joint stage's and the polish's conversations
     # (None: dialogue.TRAINING's, 1.2). Notes 2026-12-05-cheaper-recipe.md: 0.6 then 1.2 cut false
     # refusals to unseen wordings.
