@@ -1,6 +1,6 @@
 """Train vlmq-tiny on procedural visual QA (CPU, seeded, reproducible).
 
-    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (~76 min, one core)
+    python -m tinyvlm.train                      # the recipe into runs/vlmq-tiny (66-76 min, one core)
     python -m tinyvlm.train --smoke              # CI check, < 60 s
     python -m tinyvlm.train --out models/vlmq-tiny
     python -m tinyvlm.train --init CKPT --steps 0 --vision-steps 0 --out runs/x  # the polish stage alone
