@@ -452,6 +452,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and markdown")
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="VLMQ_NAME=VALUE",
+        help="a setting for every vlmq process (repeatable): A/B runs of one knob",
+    )
+    parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy every process of the top vlmq-openai run into DIR"
     )
     parser.add_argument(
@@ -485,6 +492,7 @@ def stack_env(args: argparse.Namespace) -> dict[str, str]:
         "VLMQ_CLAIM_IDLE_MS": "30000",
         "VLMQ_VISIBILITY_TIMEOUT_S": "300",
         "VLMQ_WORKER_STALE_S": "10",
+        **dict(item.split("=", 1) for item in getattr(args, "env", [])),
     }
 
 
@@ -516,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} thread(s) per server",
         "mode": args.mode,
+        "stack_env": args.env,
         "model": args.model,
         "model_sha256": checkpoint_sha256(args.model),
         "load_before": load_before,
