@@ -18,9 +18,9 @@ from shared.decode_task import make_celery_app
 
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
     settings = settings or get_decode_worker_settings()
-    return make_celery_app(
-        settings, include=["worker.tasks"], visibility_timeout_s=settings.visibility_timeout_s
-    )
+    app = make_celery_app(settings, include=["worker.tasks"], visibility_timeout_s=settings.visibility_timeout_s)
+    app.conf.worker_pool = settings.decode_pool  # the default of the CLI's -P
+    return app
 
 
 app = make_app()

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, tracing
@@ -49,6 +49,13 @@ def _warm_up(**_: object) -> None:
     tracing.setup("decode", get_decode_worker_settings().otlp_endpoint)  # per pool process: after fork
     handle = pipeline().processor
     log.info("decode process ready (image processor %s)", handle.processor_id)  # tests wait for this
+
+
+@worker_ready.connect
+def _warm_up_threads(**_: object) -> None:
+    """The threads pool forks no children (no ``worker_process_init``): its one process warms up here."""
+    if get_decode_worker_settings().decode_pool == "threads":
+        _warm_up()
 
 
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
