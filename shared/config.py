@@ -221,10 +221,11 @@ class DecodeWorkerSettings(CommonSettings):
     decode_concurrency: int = Field(2, description="Celery pool processes (or threads) for image decoding")
     decode_pool: Literal["prefork", "threads"] = Field(
         "prefork",
-        description="Celery pool of the decode workers. prefork: a decoder crash or OOM costs one child, "
-        "its task redelivered at once, and hung decodes hit the time limits; threads: no hop from the "
-        "parent to a child (~1-2 ms less per job at one client), but a crash takes the whole worker "
-        "(its tasks wait for the visibility timeout) and Celery enforces no time limit",
+        description="Celery pool of the decode workers. prefork: a decoder crash or OOM costs one child and "
+        "its task is redelivered at once; a hung decode hits the time limits. threads: no hand-off from "
+        "the parent to a pool child (about 1.5 ms less per job at one client, bench/README.md), but a "
+        "crash takes the whole node (its tasks return after the visibility timeout or VLMQ_STUCK_AFTER_S) "
+        "and Celery enforces no time limit",
     )
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")

@@ -6,6 +6,7 @@ adds the task module, imported by worker processes only (Pillow + image processo
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
@@ -18,16 +19,26 @@ from shared.decode_task import make_celery_app
 
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
     settings = settings or get_decode_worker_settings()
-    app = make_celery_app(settings, include=["worker.tasks"], visibility_timeout_s=settings.visibility_timeout_s)
+    timeout = settings.visibility_timeout_s
+    app = make_celery_app(settings, include=["worker.tasks"], visibility_timeout_s=timeout)
     app.conf.worker_pool = settings.decode_pool  # the default of the CLI's -P
     return app
 
 
 app = make_app()
 LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(processName)s] job=%(job_id)s %(message)s"
+# Celery's "Task ... received" and "... succeeded in" lines: two INFO records a job beside the
+# decode task's own line (job, task id, outcome, time); the first is written by the parent before it
+# hands the task to a child, on every job's path (~0.4 ms at one client, bench/README.md).
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 @after_setup_logger.connect
-def _job_ids_in_logs(**_: Any) -> None:
-    """Celery's worker log lines name the job too (``decode`` binds it for the task's run)."""
+def _job_ids_in_logs(loglevel: int | str = logging.INFO, **_: Any) -> None:
+    """Celery's worker log lines name the job too (``decode`` binds it for the task's run); Celery's
+    per-task INFO lines show at DEBUG only (their warnings and errors always)."""
     log_context.install_on_root(LOG_FORMAT)
+    level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
+    if isinstance(level, int) and level > logging.DEBUG:
+        for name in PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)

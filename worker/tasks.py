@@ -81,7 +81,8 @@ def _decode(task: Any, job_id: str) -> DecodeOutcome:
     except Exception as exc:  # a bug or an unforeseen library error: the job must still end
         log.exception("job %s: unexpected error while decoding", job_id)
         outcome = _fail_quietly(job_id, f"internal error while decoding: {type(exc).__name__}: {exc}")
-    log.info("job %s: %s %s (%.1f ms)", job_id, outcome.status, outcome.detail, outcome.decode_s * 1000)
+    ms = outcome.decode_s * 1000
+    log.info("job %s: %s %s (%.1f ms, task %s)", job_id, outcome.status, outcome.detail, ms, task.request.id)
     return outcome
 
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -73,6 +74,20 @@ def test_images_become_the_jobs_resized_pixels(decode_stack: ServiceStack) -> No
 
 def _in_stream(stack: ServiceStack, job_id: str) -> bool:
     return any(f[b"job_id"].decode() == job_id for _i, f in stack.redis.xrange(stack.keys.inference_stream()))
+
+
+def test_one_log_line_per_decode_names_job_task_and_outcome(decode_stack: ServiceStack) -> None:
+    """At INFO the decode's own line only: Celery's per-task received/succeeded lines are off."""
+    job_id = submit(decode_stack, J.image_bytes("JPEG", (64, 48), seed=21))
+    assert settled(decode_stack, job_id) is JobStatus.WAITING
+    wait_for(
+        lambda: f"job {job_id}: waiting" in decode_stack.procs["decode"].log(), 10, what="the job's line"
+    )
+    log = decode_stack.procs["decode"].log().splitlines()
+    lines = [line for line in log if job_id in line]
+    found = re.search(r"\(\d+\.\d ms, task ([0-9a-f-]{36})\)", lines[0])
+    assert len(lines) == 1 and found, lines
+    assert [line for line in log if found.group(1) in line] == lines, "Celery's own lines for the task"
 
 
 def test_bad_images_fail_the_job_and_the_worker_keeps_serving(decode_stack: ServiceStack) -> None:
