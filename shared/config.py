@@ -230,7 +230,7 @@ class DecodeWorkerSettings(CommonSettings):
     visibility_timeout_s: int = Field(300, description="Redis broker redelivery of unacked decode tasks")
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
     jpeg_draft_oversample: float = Field(
-        1.0, ge=1.0, le=8.0, description="Draft mode keeps >= this x the model's input resolution per axis"
+        1.0, ge=1.0, le=8.0, description="Draft mode keeps >= this x the processor's output size per axis"
     )
 
 

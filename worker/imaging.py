@@ -22,9 +22,9 @@ from shared.formats import ALLOWED_TEXT, StructureError, check_structure, name_f
 from shared.schemas import ErrorCode
 
 CORRUPT = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)  # Pillow's usual errors
-# Draft mode keeps at least this many times the processor's target resolution per axis for its
-# resize: 1.0 (the DCT's scaled decode, then the processor's antialiased resize) halves the decode
-# hop's CPU against 2.0 for the same answers (bench/README.md, issue 18).
+# Draft mode keeps at least this many times the processor's output resolution per axis for its
+# resize (the DCT's scaled decode, then the processor's antialiased resize): 1.0 costs 0.4x the full
+# decode's CPU with the same accuracy (bench/README.md, issue 18).
 DRAFT_OVERSAMPLE = 1.0
 
 

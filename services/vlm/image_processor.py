@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from PIL import Image
 from services.vlm.loading import load_image_processor
 
 RESIZED = "pixels"  # the wire's name for the resized uint8 picture (channels first)
+PROBE_SIDE_MAX = 2048  # the largest probe for the pixel budget the resize keeps (12 MB, once at load)
 
 
 class _Resized(Exception):
@@ -45,7 +47,7 @@ class ImageProcessorHandle:
 
     processor: Any
     processor_id: str
-    target_pixels: int | None
+    target_pixels: int | None  # pixels per image the resize keeps at most: draft decoding's aim
     split: bool = False
 
     @classmethod
@@ -56,6 +58,7 @@ class ImageProcessorHandle:
     def wrap(cls, processor: Any) -> ImageProcessorHandle:
         handle = cls(processor, processor_id(processor), target_pixels(processor))
         handle.split = handle._splits_exactly()
+        handle.target_pixels = handle._kept_pixels(handle.target_pixels)
         return handle
 
     def __call__(self, img: Image.Image) -> dict[str, torch.Tensor]:
@@ -96,6 +99,19 @@ class ImageProcessorHandle:
         )
         return {k: v for k, v in out.items() if hasattr(v, "dtype")}
 
+    def _kept_pixels(self, configured: int | None) -> int | None:
+        """The pixels the resize keeps of a picture over its budget, measured on a probe: GLM-4V's
+        ``longest_edge`` counts a still image's two temporal frames, so it keeps half the configured
+        pixels, and draft decoding aimed at the configured budget decoded at twice the scale it
+        needs. The configured value where the probe cannot show it (no split, or a budget over
+        ``PROBE_SIDE_MAX`` squared)."""
+        if not configured or not self.split:
+            return configured
+        side = min(PROBE_SIDE_MAX, math.isqrt(configured) + 1)
+        _channels, height, width = self.resize(Image.new("RGB", (side, side), (128, 128, 128))).shape
+        kept = height * width
+        return kept if kept < 0.9 * side * side else configured  # else only rounded, not budgeted
+
     def _splits_exactly(self) -> bool:
         """``finish(resize(img))`` equals the processor's own output on a probe picture, bit for bit."""
         probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (97, 131, 3), dtype=np.uint8))
@@ -132,7 +148,7 @@ def processor_id(processor: Any) -> str:
 
 
 def target_pixels(processor: Any) -> int | None:
-    """Largest image the processor keeps (Qwen2-VL/GLM-4V: ``size.longest_edge`` is max pixels)."""
+    """The processor's configured pixel budget (Qwen2-VL/GLM-4V: ``size.longest_edge`` is max pixels)."""
     size = getattr(processor, "size", None) or {}
     value = size.get("longest_edge") or size.get("max_pixels") or getattr(processor, "max_pixels", None)
     return int(value) if value else None

@@ -55,7 +55,7 @@ def test_service_bench_smoke(tmp_path: Path) -> None:
 
 def test_decode_bench_smoke(tmp_path: Path) -> None:
     result = run_bench("bench.decode_bench", tmp_path)
-    assert [row["setting"] for row in result["rows"]] == ["full decode", "oversample 2.0", "oversample 1.0"]
+    assert [row["setting"] for row in result["rows"]] == ["full decode", "oversample 1.41", "oversample 1.0"]
     for row in result["rows"]:
         assert row["cpu_ms"]["median"] > 0 and 0 <= row["same_as_full"] <= result["requests"]
     assert result["rows"][0]["same_as_full"] == result["requests"]  # the full decode against itself

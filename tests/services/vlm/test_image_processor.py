@@ -46,3 +46,21 @@ def test_a_processor_that_does_not_resize_ships_its_whole_output() -> None:
     wire = handle.wire(img)
     assert "pixel_values" in wire and RESIZED not in wire
     assert torch.equal(handle.from_wire(wire)["pixel_values"], handle(img)["pixel_values"])
+
+
+@pytest.mark.parametrize("name", ["bundled", "glm4v", "qwen2_vl", "llava"])
+def test_the_pixel_budget_is_what_the_resize_keeps(name: str) -> None:
+    """``target_pixels`` (draft decoding's aim) is the resize's output area for a picture over the
+    budget, never more: GLM-4V's configured budget counts two frames, twice what it keeps. A draft-
+    decoded JPEG still reaches the resize at least as large as its output on both axes."""
+    handle = ImageProcessorHandle.wrap(processors()[name])
+    out = handle.resize(Image.new("RGB", (1500, 1100), (90, 90, 90)))
+    if handle.target_pixels is None:  # a processor without a pixel budget: no draft aim at all
+        assert name == "llava"
+        return
+    _c, height, width = out.shape
+    # at least what it keeps; above it only by the rounding to patch multiples, never twice it
+    assert height * width <= handle.target_pixels < 1.5 * height * width, name
+    data = image_bytes("JPEG", (1500, 1100), seed=5)
+    img = decode_image(data, 10**8, handle.target_pixels)
+    assert img.width >= width and img.height >= height and img.width < 1500, (name, img.size)
