@@ -89,3 +89,9 @@ def test_priority_bench_smoke(tmp_path: Path) -> None:
         flood = result[phase]
         assert flood["flood_jobs"] > 0 and flood["flood_done"] == flood["flood_jobs"]
         assert flood["ratio_to_unloaded"] > 0 and flood["web_stage_medians_s"]["total"] is not None
+
+
+def test_redis_parser_bench_smoke(tmp_path: Path) -> None:
+    result = run_bench("bench.redis_parser_bench", tmp_path, timeout_s=60)
+    for row in result["cpu_us"].values():
+        assert set(row) == {"python", "hiredis"} and all(us > 0 for us in row.values())
