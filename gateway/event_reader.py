@@ -99,10 +99,13 @@ async def follow(
     last_id: str = "0",
     block_ms: int = BLOCK_MS,
     on_idle: Callable[[], Awaitable[object]] | None = None,
+    block_first: bool = False,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
     """Events after ``last_id`` as they come, ending with the terminal event.
 
     ``on_idle`` runs whenever a read found nothing new (the gateway's lazy expiry check).
+    ``block_first``: the first read blocks too (a job just accepted: nothing can be behind
+    ``last_id`` yet, and whatever is already there returns at once).
 
     Ends early, without a terminal event, when the job record is gone (expired), when the
     terminal event is already behind ``last_id`` (a client resuming a finished stream), or
@@ -110,7 +113,7 @@ async def follow(
     """
     key = keys.job_events(job_id)
     tokens = await primed_filter(redis, keys, job_id, last_id)
-    block: int | None = None  # first read never blocks: a finished stream ends at once
+    block: int | None = block_ms if block_first else None  # else a finished stream ends at once
     while True:
         reply: Any = await redis.xread({key: last_id}, count=256, block=block)
         block = block_ms

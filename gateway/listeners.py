@@ -35,9 +35,18 @@ def event_payload(event_id: str, event: JobEvent) -> dict[str, Any]:
 
 
 async def job_events(
-    state: GatewayState, job_id: str, last_id: str, kind: str, cancel_on_disconnect: bool = False
+    state: GatewayState,
+    job_id: str,
+    last_id: str,
+    kind: str,
+    cancel_on_disconnect: bool = False,
+    fresh: bool = False,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule."""
+    """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule.
+
+    ``fresh``: the job was accepted by this very request (its deadline ahead, its record and
+    stream just written), so the reader blocks for its events at once: no expiry check nor
+    non-blocking first read, three round trips a job that a resumed stream needs and it does not."""
     _listeners[job_id] += 1
     state.metrics.open_streams.labels(kind).inc()
     finished = False
@@ -47,8 +56,10 @@ async def job_events(
             await current_record(state, job_id, ANY_TENANT)  # the route checked the tenant
 
     try:
-        await expire_check()
-        async for item in follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check):
+        if not fresh:
+            await expire_check()
+        events = follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check, block_first=fresh)
+        async for item in events:
             yield item
         finished = True
     finally:

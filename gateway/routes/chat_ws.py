@@ -152,7 +152,7 @@ async def _submit_and_stream(
             "result_cached": accepted.cached is not None,
         }
     )
-    events = job_events(state, spec.job_id, "0", "chat_ws", spec.cancel_on_disconnect)
+    events = job_events(state, spec.job_id, "0", "chat_ws", spec.cancel_on_disconnect, fresh=True)
     finished = await ws_send_events(websocket, events, reader)
     conn.current = None
     return finished

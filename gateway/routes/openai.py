@@ -118,7 +118,7 @@ async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord
     """The finished record, or None when the client disconnects first (then the job is cancelled)."""
 
     async def until_terminal() -> None:
-        async for _ in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
+        async for _ in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True, fresh=True):
             pass
 
     async def until_disconnect() -> None:
@@ -147,7 +147,7 @@ async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) 
 
     yield chunk({"role": "assistant", "content": ""})
     streamed = ended = False
-    async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True):
+    async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True, fresh=True):
         if event.type == "token" and event.text:
             streamed = True
             yield chunk({"content": event.text})
