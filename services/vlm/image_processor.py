@@ -108,7 +108,10 @@ class ImageProcessorHandle:
         if not configured or not self.split:
             return configured
         side = min(PROBE_SIDE_MAX, math.isqrt(configured) + 1)
-        _channels, height, width = self.resize(Image.new("RGB", (side, side), (128, 128, 128))).shape
+        try:
+            _channels, height, width = self.resize(Image.new("RGB", (side, side), (128, 128, 128))).shape
+        except Exception:  # a processor that refuses the probe: keep its own figure
+            return configured
         kept = height * width
         return kept if kept < 0.9 * side * side else configured  # else only rounded, not budgeted
 
