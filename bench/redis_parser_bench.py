@@ -77,7 +77,8 @@ def run(count: int, rounds: int) -> dict[str, Any]:
             for name, client in clients.items():
                 for call_name, call in calls(client).items():
                     us = cpu_us(call, count)
-                    best.setdefault(call_name, {})[name] = min(us, best.get(call_name, {}).get(name, us))
+                    row = best.setdefault(call_name, {})
+                    row[name] = min(us, row.get(name, us))
         return {"calls": count, "rounds": rounds, "cpu_us": best}
     finally:
         server.stop()
