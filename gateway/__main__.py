@@ -34,8 +34,14 @@ def main() -> None:
 
 
 def _config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+    # No uvicorn access log: the audit line (gateway/guards.py) names the same request and more.
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level.lower(), ws_per_message_deflate=False
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        ws_per_message_deflate=False,
+        access_log=False,
     )
 
 

@@ -9,8 +9,9 @@ audit log. Pure ASGI middleware (no body buffering: streams stay streams).
   (curl, SDKs, the CLI) passes. Else 403 (a WebSocket is refused before it opens).
 - **Headers** on every response: a strict Content-Security-Policy (the page's script and styles
   are files), ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff``, no referrer.
-- **Audit**: one line per request on the ``vlmq.audit`` logger: tenant, method, route, status,
-  job id. Never the key, the image or the prompt.
+- **Audit**: one line per request on the ``vlmq.audit`` logger: client address, tenant, method,
+  route, status, job id. Never the key, the image or the prompt. It is the gateway's access log
+  (``python -m gateway`` turns uvicorn's own off: two lines a request said the same).
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ class Guard:
             await _refuse(scope, send, *refusal)
             return
         status: list[int] = []
-        await self.app(scope, receive, _watching(send, scope, status))
-        if scope["type"] == "http":
-            _audit(scope, status[0] if status else 500)
+        try:
+            await self.app(scope, receive, _watching(send, scope, status))
+        finally:  # a request that raised is audited too (as the 500 it became)
+            if scope["type"] == "http":
+                _audit(scope, status[0] if status else 500)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
         host = headers.get("host", "")
@@ -113,8 +116,10 @@ def _audit(scope: Scope, status: int) -> None:
     params: dict[str, Any] = scope.get("path_params") or {}
     job = params.get("job_id") or state.get("job_id") or "-"
     route = getattr(scope.get("route"), "path", scope["path"])
+    client = scope.get("client") or ("-", 0)
     audit.info(
-        "tenant=%s method=%s route=%s status=%d job=%s",
+        "client=%s tenant=%s method=%s route=%s status=%d job=%s",
+        client[0],
         state.get("tenant", "-"),
         scope.get("method", "WS"),
         route,

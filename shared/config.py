@@ -240,6 +240,12 @@ class InferenceSettings(CommonSettings):
         None, description="Running batch cap; default 8 on CPU, from free memory on GPU"
     )
     batch_window_ms: float = Field(10.0, description="Admission window after the first waiting request")
+    prefill_min_free: int = Field(
+        0,
+        ge=0,
+        description="While sequences run, a prefill waits (at most the admission window) until this many "
+        "batch slots are free and waiters fill them; 0: half the batch, 1: refill each slot at once",
+    )
     warmup_requests: int = Field(
         0, ge=0, le=64, description="Dummy requests run before taking jobs (GPU: loads kernels; 0: none)"
     )

@@ -14,6 +14,10 @@ class EngineConfig:
     device: str = "auto"  # auto|cpu|cuda
     max_batch: int | None = None  # None: 8 on CPU; on CUDA derived from free memory
     batch_window_ms: float = 10.0  # admission window; never delays a lone request on an idle engine
+    # while sequences run, a prefill waits (at most the window) until this many slots are free and
+    # waiters fill them: one prefill of several instead of one per finished sequence (each stops every
+    # decode); 0: half the batch, 1: refill every free slot at once
+    prefill_min_free: int = 0
     max_context_tokens: int = 2048
     max_new_tokens_limit: int = 512
     prefix_cache: bool = True

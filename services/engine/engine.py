@@ -53,7 +53,10 @@ class Engine:
         self.grammars = LazyGrammars(self.arch.tokenizer, self.arch.vocab_size, self.eos_ids)
         max_batch = self.config.max_batch or auto_max_batch(self.arch, self.config.max_context_tokens)
         self.scheduler = Scheduler(
-            max_batch, self.config.batch_window_ms / 1000.0, self.config.priority_aging_s
+            max_batch,
+            self.config.batch_window_ms / 1000.0,
+            self.config.priority_aging_s,
+            self.config.prefill_min_free or max(1, max_batch // 2),
         )
         self.runner = ModelRunner(self.arch, self._make_caches())
         self._stats = EngineStats(max_batch=max_batch)

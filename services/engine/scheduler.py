@@ -3,7 +3,9 @@
 1. Drop cancelled and expired sequences (waiting ones never run; running ones leave now).
 2. Admit waiting sequences into free slots (``max_batch``) when the engine is idle (a lone request
    never waits; while other requests are being submitted, the engine waits for them up to
-   ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot, or when the
+   ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot and at least
+   ``min_free`` slots are free (each prefill stops every running decode: a slot freed alone waits
+   for others rather than cost a prefill of one), or when the
    oldest has waited ``batch_window`` (an interactive one does not wait for it while only batch
    work runs): highest priority first (``GenerationRequest.priority``,
    0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
@@ -41,8 +43,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, window_s: float, aging_s: float = 10.0) -> None:
+    def __init__(self, max_batch: int, window_s: float, aging_s: float = 10.0, min_free: int = 1) -> None:
         self.max_batch = max_batch
+        self.min_free = min(max(1, min_free), max_batch)  # see ``_admit``
         self.interactive_reserve = max_batch // 4  # slots batch-priority work leaves free
         self.window_s = window_s
         self.aging_s = aging_s
@@ -105,7 +108,7 @@ class Scheduler:
             return []
         ready = (
             not self.running
-            or len(self.waiting) >= free
+            or (len(self.waiting) >= free and free >= self.min_free)
             or now - self.waiting[0].arrival >= self.window_s
             or self._interactive_jumps_batch()
         )

@@ -219,5 +219,5 @@ def test_audit_log_names_tenant_route_status_and_job_never_the_key(keyed: Servic
     job_id = submit(httpx.Client(base_url=keyed.base_url), A).json()["id"]
     time.sleep(0.2)
     log = keyed.procs["gateway"].log()
-    assert f"tenant=alpha method=POST route=/v1/jobs status=202 job={job_id}" in log
+    assert f"client=127.0.0.1 tenant=alpha method=POST route=/v1/jobs status=202 job={job_id}" in log
     assert "key-alpha" not in log and "key-beta" not in log

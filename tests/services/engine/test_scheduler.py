@@ -43,6 +43,26 @@ def test_window_expiry_admits_a_partial_group():
     assert [q.id for q in s.schedule().prefill] == ["b"]
 
 
+def test_while_sequences_run_a_prefill_waits_for_enough_free_slots():
+    """Each prefill stops every running sequence's decode: a slot freed alone is not refilled at once
+    while others run; two freed slots are, in one prefill (``min_free``), and the window bounds the wait."""
+    s = Scheduler(max_batch=4, window_s=60.0, min_free=2)
+    for rid in "abcd":
+        s.add(_seq(rid))
+    assert len(s.schedule().prefill) == 4  # idle engine: everything at once
+    for rid in "efgh":
+        s.add(_seq(rid))
+    s.finish(s.running[0])
+    batch = s.schedule()
+    assert not batch.prefill and [q.id for q in batch.decode] == ["b", "c", "d"]  # one free slot: decode
+    s.finish(s.running[0])
+    assert [q.id for q in s.schedule().prefill] == ["e", "f"]  # two free, waiters fill them: one prefill
+    s.finish(s.running[0])
+    assert not s.schedule().prefill
+    s.waiting[0].arrival -= 61.0  # g has waited the whole window: it goes in alone
+    assert [q.id for q in s.schedule().prefill] == ["g"]
+
+
 def test_cap_fifo_cancel_and_deadlines():
     s = Scheduler(max_batch=2, window_s=0.0)
     seqs = [_seq("a"), _seq("b"), _seq("c"), _seq("late", deadline=time.time() - 1), _seq("e")]
