@@ -9,7 +9,13 @@ Reliability settings, why each:
 - ``task_acks_late`` + ``task_reject_on_worker_lost``: a task whose process dies (SIGKILL,
   OOM on a bomb) goes back to the queue instead of vanishing.
 - ``worker_prefetch_multiplier=1``: a busy child doesn't sit on tasks others could run.
-- ``visibility_timeout``: an unacked task (its worker gone) is redelivered after that long.
+- No acknowledgement emulation by default (``VLMQ_DECODE_ACK_EMULATION``): kombu's emulation keeps
+  each fetched task in an unacked hash (one MULTI when the main process takes it, before it
+  reaches a child; one more on the ack) to redeliver it after ``visibility_timeout`` if its whole
+  node dies. Without it a killed pool child's task is still requeued at once (reject on worker
+  lost), and a dead node's jobs come back through the inference workers' sweeper, which
+  re-enqueues a job stuck in ``queued``/``decoding`` after ``VLMQ_STUCK_AFTER_S`` (30 s; the
+  visibility timeout is 300 s).
 - task events only where Flower runs (the worker's ``-E``: `make up`, compose, k8s): each task
   otherwise costs a few event publishes nobody reads. Rate limits off (none are set): no token
   bucket per task.
@@ -45,7 +51,8 @@ def make_celery_app(
 ) -> Celery:
     """A Celery app on the settings' Redis with vlmq's broker and task settings.
 
-    ``visibility_timeout_s`` matters to consumers only (the decode workers pass theirs)."""
+    ``visibility_timeout_s`` matters to consumers only: the decode workers pass theirs when they
+    emulate acknowledgements (``VLMQ_DECODE_ACK_EMULATION``); None turns the emulation off."""
     # the queue list is then keys.decode_queue()
     # "priority": every fetch asks the queues in QUEUES' order, so batch waits for interactive
     transport: dict[str, Any] = {
@@ -55,6 +62,8 @@ def make_celery_app(
     }
     if visibility_timeout_s is not None:
         transport["visibility_timeout"] = visibility_timeout_s
+    else:  # no unacked hash: two round trips less per task in the consumer (see the list above)
+        transport["ack_emulation"] = False
     app = Celery("vlmq", broker=settings.redis_url, include=list(include))
     app.conf.update(
         task_serializer="json",

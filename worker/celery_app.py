@@ -19,7 +19,7 @@ from shared.decode_task import make_celery_app
 
 def make_app(settings: DecodeWorkerSettings | None = None) -> Celery:
     settings = settings or get_decode_worker_settings()
-    timeout = settings.visibility_timeout_s
+    timeout = settings.visibility_timeout_s if settings.decode_ack_emulation else None
     app = make_celery_app(settings, include=["worker.tasks"], visibility_timeout_s=timeout)
     app.conf.worker_pool = settings.decode_pool  # the default of the CLI's -P
     return app

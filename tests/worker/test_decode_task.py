@@ -205,6 +205,8 @@ def test_decode_child_killed_mid_task_is_redelivered(decode_stack: ServiceStack)
     )
     children = decode_stack.children("decode")
     assert children, "celery main process has no pool child"
+    # no acknowledgement emulation: the running task is in no unacked hash (a Redis round trip less)
+    assert not list(decode_stack.redis.scan_iter(match="*unacked*"))
     os.kill(children[0], signal.SIGKILL)
     assert settled(decode_stack, job_id) is JobStatus.WAITING
     assert int(decode_stack.redis.hget(decode_stack.keys.job(job_id), "decode_attempts")) == 2

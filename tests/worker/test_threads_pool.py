@@ -50,12 +50,3 @@ def test_threads_pool_decodes_in_one_process(threads_stack: ServiceStack) -> Non
     assert settled(threads_stack, bad) is JobStatus.FAILED, bad_name
     assert reason in (J.job(threads_stack.redis, threads_stack.keys, bad).error or "")
     assert threads_stack.procs["decode"].alive()
-
-
-def test_decode_pool_setting_reaches_celery() -> None:
-    """The setting is the Celery app's ``worker_pool`` (the CLI's ``-P`` default)."""
-    from shared.config import DecodeWorkerSettings
-    from worker.celery_app import make_app
-
-    assert make_app(DecodeWorkerSettings(decode_pool="threads")).conf.worker_pool == "threads"
-    assert make_app(DecodeWorkerSettings()).conf.worker_pool == "prefork"
