@@ -39,6 +39,7 @@ from shared.jobs import EVENTS_MAXLEN, new_job_hash
 from shared.jobs.routing import needs_decoding
 from shared.redis_clients import NotReplicated, ReplicatedPipeline
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus, StageTimings
+from shared.values import as_str
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Accepted:
     status: JobStatus
     cached: result_cache.CachedResult | None = None
     headers: dict[str, str] = field(default_factory=dict)  # the tenant's rate-limit headers
+    queued_event_id: str = "0"  # the job's first event (status queued): a fresh reader starts after it
 
 
 async def submit(state: GatewayState, sub: Submission, route: str | None = None) -> Accepted:
@@ -73,29 +75,31 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     spec = job.spec
     cached = await _cached_result(state, spec) if use_result_cache else None
     if cached is not None:
-        await _write(state, job, cached, conversation=True)
+        queued_id = await _write(state, job, cached, conversation=True)
         await count_outcome(state, JobStatus.DONE)
-        return Accepted(spec, JobStatus.DONE, cached)
+        return Accepted(spec, JobStatus.DONE, cached, queued_event_id=queued_id)
     hold_s = state.settings.batch_hold_s if spec.priority == "interactive" else 0.0
     depth = state.settings.max_queue_depth
     await admit(state.redis, state.keys, spec.job_id, depth, state.throughput, hold_s)
     try:
-        await _write(state, job, None, conversation=False)
+        queued_id = await _write(state, job, None, conversation=False)
     except NotReplicated as exc:
         raise await _not_replicated(state, spec.job_id, exc) from exc
     status = await _enqueue(state, job)
-    return Accepted(spec, status)
+    return Accepted(spec, status, queued_event_id=queued_id)
 
 
 async def _write(
     state: GatewayState, job: PreparedJob, cached: result_cache.CachedResult | None, conversation: bool
-) -> None:
+) -> str:
+    """Image, conversation and job in one MULTI; returns the id of the job's queued event."""
     async with _pipeline(state, replicated=cached is None) as pipe:
         _write_image(pipe, state, job)
         if conversation:
             _write_conversation(pipe, state, job)
-        _write_job(pipe, state, job.spec, cached)
-        await pipe.execute()
+        queued_at = _write_job(pipe, state, job.spec, cached)
+        replies = await pipe.execute()
+    return as_str(replies[queued_at])
 
 
 async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
@@ -203,7 +207,8 @@ def _write_job(
     state: GatewayState,
     spec: JobSpec,
     cached: result_cache.CachedResult | None,
-) -> None:
+) -> int:
+    """Queue the job's hash and first events on ``pipe``; returns where the queued event's XADD is."""
     keys, ttl = state.keys, state.settings.job_ttl_s
     fields: dict[Any, Any] = dict(new_job_hash(spec))
     events = [JobEvent(type="status", status=JobStatus.QUEUED)]
@@ -229,10 +234,12 @@ def _write_job(
         conversations.record_turn(pipe, keys, spec, cached.text, state.settings.session_ttl_s)
     pipe.hset(keys.job(spec.job_id), mapping=fields)
     pipe.expire(keys.job(spec.job_id), ttl)
+    queued_at = len(pipe.command_stack)
     for event in events:
         entry: dict[Any, Any] = dict(event.to_fields())
         pipe.xadd(keys.job_events(spec.job_id), entry, maxlen=EVENTS_MAXLEN, approximate=True)
     pipe.expire(keys.job_events(spec.job_id), ttl)
+    return queued_at
 
 
 async def fail_job(state: GatewayState, job_id: str, error: str) -> bool:

@@ -104,15 +104,16 @@ async def follow(
     """Events after ``last_id`` as they come, ending with the terminal event.
 
     ``on_idle`` runs whenever a read found nothing new (the gateway's lazy expiry check).
-    ``block_first``: the first read blocks too (a job just accepted: nothing can be behind
-    ``last_id`` yet, and whatever is already there returns at once).
+    ``block_first``: a job this request just accepted (``last_id``: its queued event, or "0"): the
+    first read blocks too (whatever is already there returns at once), and no token can be behind
+    ``last_id``, so no read primes the token filter.
 
     Ends early, without a terminal event, when the job record is gone (expired), when the
     terminal event is already behind ``last_id`` (a client resuming a finished stream), or
     when the server shuts down (the client resumes elsewhere with its last id).
     """
     key = keys.job_events(job_id)
-    tokens = await primed_filter(redis, keys, job_id, last_id)
+    tokens = TokenFilter() if block_first else await primed_filter(redis, keys, job_id, last_id)
     block: int | None = block_ms if block_first else None  # else a finished stream ends at once
     while True:
         reply: Any = await redis.xread({key: last_id}, count=256, block=block)

@@ -94,7 +94,7 @@ async def _answer(
             shutdown_grace_period=SHUTDOWN_GRACE_S,
         )
     with slot:
-        record = await _wait(request, state, accepted.spec.job_id)
+        record = await _wait(request, state, accepted)
     if record is None:  # client left: job_events already cancelled it
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
     if not record.status.terminal:  # the stream ended early: this gateway is shutting down
@@ -114,11 +114,12 @@ async def _answer(
     )
 
 
-async def _wait(request: Request, state: GatewayState, job_id: str) -> JobRecord | None:
+async def _wait(request: Request, state: GatewayState, accepted: Accepted) -> JobRecord | None:
     """The finished record, or None when the client disconnects first (then the job is cancelled)."""
+    job_id, after = accepted.spec.job_id, accepted.queued_event_id  # status events: not waited for
 
     async def until_terminal() -> None:
-        async for _ in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True, fresh=True):
+        async for _ in job_events(state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True):
             pass
 
     async def until_disconnect() -> None:
@@ -147,7 +148,8 @@ async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) 
 
     yield chunk({"role": "assistant", "content": ""})
     streamed = ended = False
-    async for _, event in job_events(state, job_id, "0", "openai", cancel_on_disconnect=True, fresh=True):
+    after = accepted.queued_event_id  # its status events are not shown: start after the first
+    async for _, event in job_events(state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True):
         if event.type == "token" and event.text:
             streamed = True
             yield chunk({"content": event.text})
