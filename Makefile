@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-decode bench-redis-parser bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
+.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -40,7 +40,7 @@ lint: venv
 	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker vlmq_cli
 	$(BIN)/lint-imports
 
-bench: bench-engine bench-service bench-decode bench-redis-parser bench-scale bench-priority
+bench: bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-scale bench-priority
 
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
@@ -55,12 +55,17 @@ bench-decode: venv
 bench-redis-parser: venv
 	$(BIN)/python -m bench.redis_parser_bench
 
+# CPU and Redis commands of one request, by kind of request (~2 min)
+bench-request-cost: venv
+	$(BIN)/python -m bench.request_cost
+
 # every benchmark in seconds, tiny counts (figures mean nothing; make test runs all but the scale bench)
 bench-smoke: venv
 	$(BIN)/python -m bench.engine_bench --smoke
 	$(BIN)/python -m bench.service_bench --smoke
 	$(BIN)/python -m bench.decode_bench --smoke
 	$(BIN)/python -m bench.redis_parser_bench --smoke
+	$(BIN)/python -m bench.request_cost --smoke
 	$(BIN)/python -m bench.gpu_bench --smoke
 	$(BIN)/python -m bench.gpu_exactness --smoke
 	$(BIN)/python -m bench.scale_bench --smoke

@@ -91,6 +91,15 @@ def test_priority_bench_smoke(tmp_path: Path) -> None:
         assert flood["ratio_to_unloaded"] > 0 and flood["web_stage_medians_s"]["total"] is not None
 
 
+def test_request_cost_bench_smoke(tmp_path: Path) -> None:
+    result = run_bench("bench.request_cost", tmp_path, timeout_s=120)
+    assert len(result["rows"]) == 6
+    for row in result["rows"]:  # CPU per process kind and Redis commands, for every kind of request
+        assert {"gateway", "decode", "inference", "redis", "loadgen"} <= set(row["cpu_ms"])
+        assert row["cpu_ms"]["gateway"] > 0 and row["redis_commands"] > 0 and row["top_commands"]
+    assert (tmp_path / "request_cost_smoke.md").exists()
+
+
 def test_redis_parser_bench_smoke(tmp_path: Path) -> None:
     result = run_bench("bench.redis_parser_bench", tmp_path, timeout_s=60)
     for row in result["cpu_us"].values():

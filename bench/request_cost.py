@@ -1,0 +1,196 @@
+"""What one request costs, by kind of request: ``make bench-request-cost``
+(``python -m bench.request_cost [--smoke] [--requests N] [--concurrency C] [--out DIR]``).
+
+The stack (no peer) on its own Redis; for each kind, N requests at C concurrent through the OpenAI
+route: CPU-ms a request per process kind (gateway, decode workers, inference worker, Redis, this
+load generator) and Redis commands a request (``INFO commandstats`` before and after, the most
+called first). The kinds go from a request refused after parsing to a streamed 1024 px JPEG, so a
+row minus the row above is what that step of the pipeline costs (bench/README.md has a table).
+The figures include the workers' background work (heartbeats, sweeps) over the run's seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from bench.report_files import write_report
+from bench.resources import Meter
+from bench.service_bench import stack_env
+from scripts.redis_launcher import start_redis
+from tests.support.models import test_model_path
+from tests.support.stack import ALL, ServiceStack
+
+NO_CACHE = {"Cache-Control": "no-cache"}
+QUESTION = "What colour is the shape?"
+TOP_COMMANDS = 12
+Send = Callable[[httpx.AsyncClient], Awaitable[None]]
+
+
+def jpeg(side: int, seed: int) -> bytes:
+    """A smooth random picture (JPEG compresses it like a photo, not like noise)."""
+    blocks = np.random.default_rng(seed).integers(0, 255, (max(1, side // 16), max(1, side // 16), 3))
+    img = Image.fromarray(blocks.astype(np.uint8)).resize((side, side), Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def png(side: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def chat_body(model: str, image: bytes | None, stream: bool) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": QUESTION}]
+    if image is not None:
+        url = "data:image/jpeg;base64," + base64.b64encode(image).decode()
+        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    messages = [{"role": "user", "content": content}]
+    return {"model": model, "stream": stream, "max_tokens": 16, "messages": messages}
+
+
+def kinds(model: str) -> list[tuple[str, Send]]:
+    """(name, one request) in order of the pipeline steps they add."""
+
+    def post(body: dict[str, Any], headers: dict[str, str], expect: int) -> Send:
+        async def send(client: httpx.AsyncClient) -> None:
+            if body["stream"]:
+                async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+                    status = r.status_code
+            else:
+                status = (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code
+            if status != expect:
+                raise RuntimeError(f"expected HTTP {expect}, got {status}")
+
+        return send
+
+    big = jpeg(640, 1)
+    return [
+        ("refused after parsing (unknown model, 640 px JPEG)", post(chat_body("nope", big, False), {}, 404)),
+        ("text only", post(chat_body(model, None, False), NO_CACHE, 200)),
+        ("result-cache hit (640 px JPEG)", post(chat_body(model, big, False), {}, 200)),
+        ("64 px PNG", post(chat_body(model, png(64), False), NO_CACHE, 200)),
+        ("320 px JPEG, streamed", post(chat_body(model, jpeg(320, 2), True), NO_CACHE, 200)),
+        ("1024 px JPEG, streamed", post(chat_body(model, jpeg(1024, 3), True), NO_CACHE, 200)),
+    ]
+
+
+def command_counts(client: Any) -> dict[str, int]:
+    """Calls so far of each Redis command (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+
+
+async def measure_kind(
+    name: str, send: Send, stack: ServiceStack, meter: Meter, requests: int, concurrency: int
+) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+        await asyncio.gather(*(send(client) for _ in range(2)))  # warm (and fills the result cache)
+        before, commands = await asyncio.to_thread(meter.read), command_counts(stack.redis)
+        started = time.perf_counter()
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one() -> None:
+            async with slots:
+                await send(client)
+
+        await asyncio.gather(*(one() for _ in range(requests)))
+        wall = time.perf_counter() - started
+        after, commands_after = await asyncio.to_thread(meter.read), command_counts(stack.redis)
+    cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / requests, 3) for k in after.cpu_s}
+    per_request = {k: (v - commands.get(k, 0)) / requests for k, v in commands_after.items()}
+    top = sorted(((v, k) for k, v in per_request.items() if v > 0), reverse=True)
+    print(f"{name:52s} {cpu}", flush=True)
+    return {
+        "kind": name,
+        "requests": requests,
+        "wall_ms_per_request": round(1000 * wall / requests, 2),
+        "cpu_ms": cpu,
+        "redis_commands": round(sum(per_request.values()), 1),
+        "top_commands": {k: round(v, 2) for v, k in top[:TOP_COMMANDS]},
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# What one request costs ({result['when']}, {result['requests']} requests a kind at "
+        f"{result['concurrency']} concurrent)",
+        "",
+        "| request | gateway | decode | inference | redis | loadgen | Redis commands | most called |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        cpu = row["cpu_ms"]
+        top = ", ".join(f"{k} {v:g}" for k, v in list(row["top_commands"].items())[:5])
+        cells = [f"{cpu.get(k, 0.0):.2f}" for k in ("gateway", "decode", "inference", "redis", "loadgen")]
+        lines.append(f"| {row['kind']} | {' | '.join(cells)} | {row['redis_commands']:g} | {top} |")
+    lines += ["", "CPU-milliseconds a request by process kind; Redis commands a request (INFO commandstats)."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="seconds: a few requests a kind (make test)")
+    parser.add_argument("--requests", type=int, default=200, help="requests a kind")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--model", default=str(test_model_path()))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.requests, args.concurrency = 4, 2
+    args.mode = "smoke" if args.smoke else "full"
+    return args
+
+
+async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[str, Any]]:
+    meter = Meter(stack.redis, stack.keys, {name: proc.pid for name, proc in stack.procs.items()})
+    model = stack.settings.model_name
+    rows = []
+    for name, send in kinds(model):
+        rows.append(await measure_kind(name, send, stack, meter, args.requests, args.concurrency))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="vlmq-request-cost-"))
+    redis_server = start_redis()
+    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
+    try:
+        stack.start()
+        rows = asyncio.run(measure(args, stack))
+    finally:
+        stack.stop()
+        redis_server.stop()
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "mode": args.mode,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "stack_env": args.env,
+        "rows": rows,
+        "logs": str(logs),
+    }
+    write_report(args.out, "request_cost", args.mode, result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
