@@ -94,9 +94,11 @@ def test_priority_bench_smoke(tmp_path: Path) -> None:
 def test_request_cost_bench_smoke(tmp_path: Path) -> None:
     result = run_bench("bench.request_cost", tmp_path, timeout_s=120)
     assert len(result["rows"]) == 6
-    for row in result["rows"]:  # CPU per process kind and Redis commands, for every kind of request
+    for row in result["rows"]:  # CPU per process kind for every kind of request (10 ms ticks: may be 0)
         assert {"gateway", "decode", "inference", "redis", "loadgen"} <= set(row["cpu_ms"])
-        assert row["cpu_ms"]["gateway"] > 0 and row["redis_commands"] > 0 and row["top_commands"]
+    assert sum(row["cpu_ms"]["gateway"] for row in result["rows"]) > 0
+    for row in result["rows"][1:]:  # every accepted request wrote its job: Redis commands counted
+        assert row["redis_commands"] > 0 and row["top_commands"]
     assert (tmp_path / "request_cost_smoke.md").exists()
 
 
