@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class ImageProcessorHandle:
     processor_id: str
     target_pixels: int | None  # pixels per image the resize keeps at most: draft decoding's aim
     split: bool = False
+    direct: dict[str, Any] | None = None  # ``finish`` as one ``_preprocess`` call (``_direct_finish``)
 
     @classmethod
     def load(cls, model_path: str | Path) -> ImageProcessorHandle:
@@ -59,6 +61,7 @@ class ImageProcessorHandle:
         handle = cls(processor, processor_id(processor), target_pixels(processor))
         handle.split = handle._splits_exactly()
         handle.target_pixels = handle._kept_pixels(handle.target_pixels)
+        handle.direct = handle._direct_finish()
         return handle
 
     def __call__(self, img: Image.Image) -> dict[str, torch.Tensor]:
@@ -90,14 +93,38 @@ class ImageProcessorHandle:
 
     def finish(self, pixels: np.ndarray) -> dict[str, torch.Tensor]:
         """The processor's steps after its resize, on what ``resize`` returned."""
-        out = self.processor(
-            images=[pixels],
-            do_resize=False,
-            do_convert_rgb=False,
-            input_data_format="channels_first",
-            return_tensors="pt",
-        )
+        if self.direct is not None:
+            out = self.processor._preprocess([pixels], **self.direct)
+        else:
+            out = self.processor(
+                images=[pixels],
+                do_resize=False,
+                do_convert_rgb=False,
+                input_data_format="channels_first",
+                return_tensors="pt",
+            )
         return {k: v for k, v in out.items() if hasattr(v, "dtype")}
+
+    def _direct_finish(self) -> dict[str, Any] | None:
+        """``_preprocess``'s keyword arguments from the processor's own settings, resize off, where a
+        probe shows that one such call gives ``finish``'s output bit for bit: the processor's whole
+        call re-checks and merges its arguments for every picture (a quarter of its time on the
+        bundled model's). None otherwise (a processor without that step, or another signature)."""
+        step = getattr(self.processor, "_preprocess", None)
+        if not self.split or step is None:
+            return None
+        try:
+            params = inspect.signature(step).parameters.values()
+            names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            kwargs = {name: getattr(self.processor, name) for name in names if name != "images"}
+            kwargs.update(do_resize=False, return_tensors="pt")
+            pixels = self.resize(_probe())
+            direct = step([pixels], **kwargs)
+        except Exception:  # another signature, a setting it lacks: keep the whole call
+            return None
+        whole = self.finish(pixels)
+        same = whole.keys() == {k for k, v in direct.items() if hasattr(v, "dtype")}
+        return kwargs if same and all(torch.equal(whole[k], direct[k]) for k in whole) else None
 
     def _kept_pixels(self, configured: int | None) -> int | None:
         """The pixels the resize keeps of a picture over its budget, measured on a probe: GLM-4V's
@@ -117,7 +144,7 @@ class ImageProcessorHandle:
 
     def _splits_exactly(self) -> bool:
         """``finish(resize(img))`` equals the processor's own output on a probe picture, bit for bit."""
-        probe = Image.fromarray(np.random.default_rng(0).integers(0, 256, (97, 131, 3), dtype=np.uint8))
+        probe = _probe()
         try:
             whole, parts = self(probe), self.finish(self.resize(probe))
         except Exception:  # a processor whose steps cannot be taken apart ships its whole output
@@ -140,6 +167,11 @@ class ImageProcessorHandle:
                 raise ValueError(f"resized pixels must be uint8 (C, H, W), got {got}")
             return self.finish(pixels.numpy())
         return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def _probe() -> Image.Image:
+    """A small random picture the processor's steps are checked on at load."""
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (97, 131, 3), dtype=np.uint8))
 
 
 def processor_id(processor: Any) -> str:

@@ -4,6 +4,7 @@ serves; a processor that cannot be split ships its whole output."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ def processors() -> dict[str, Any]:
 def test_the_split_is_exact(name: str) -> None:
     handle = ImageProcessorHandle.wrap(processors()[name])
     assert handle.split, f"{name}: the processor's work does not split after its resize"
+    assert handle.direct is not None, f"{name}: finish is not one _preprocess call"  # what from_wire runs
     for seed, (fmt, size) in enumerate([("JPEG", (333, 222)), ("PNG", (64, 300)), ("WEBP", (1024, 700))]):
         img = decode_image(image_bytes(fmt, size, seed=seed), 10**8, handle.target_pixels)
         wire = handle.wire(img)
@@ -35,6 +37,23 @@ def test_the_split_is_exact(name: str) -> None:
         whole, finished = handle(img), handle.from_wire(wire)
         assert whole.keys() == finished.keys()
         assert all(torch.equal(whole[k], finished[k]) for k in whole), (name, fmt, size)
+
+
+def test_finish_is_the_whole_call_where_one_step_cannot_be_set_up() -> None:
+    """A processor whose ``_preprocess`` takes an option it keeps no setting for finishes through its
+    whole call (which fills the option's default), and that is still exact."""
+    base = ImageProcessorHandle.load(models.test_model_path()).processor
+
+    class StepWithAnOption(type(base)):  # type: ignore[misc]
+        def _preprocess(self, images: Any, tile_overlap: int = 0, **kwargs: Any) -> Any:
+            return super()._preprocess(images, **kwargs)
+
+    processor = copy.copy(base)
+    processor.__class__ = StepWithAnOption
+    handle = ImageProcessorHandle.wrap(processor)
+    assert handle.split and handle.direct is None
+    img = Image.new("RGB", (300, 200), (10, 200, 30))
+    assert torch.equal(handle.from_wire(handle.wire(img))["pixel_values"], handle(img)["pixel_values"])
 
 
 def test_a_processor_that_does_not_resize_ships_its_whole_output() -> None:
