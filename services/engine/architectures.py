@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from services.engine.api import ImageInput, RequestRejected
 from services.engine.kv_layer import GrowingLayer
 from services.engine.lean_glm4v import LeanGlm4vText
+from services.engine.mrope import grid_positions
 
 HEX_DIGITS = frozenset("0123456789abcdef")
 
@@ -40,6 +41,7 @@ class Architecture:
         if not self.grid and not hasattr(self.vision_config, "image_size"):
             raise ValueError(f"unsupported VLM architecture: {type(model).__name__}")
         self.lean = LeanGlm4vText(model) if lean and LeanGlm4vText.supports(model) else None
+        self.quick_positions = self.grid and self._grid_positions_match()
 
     @property
     def device(self) -> torch.device:
@@ -137,12 +139,35 @@ class Architecture:
             return torch.arange(n)
         if not images:
             return torch.arange(n).expand(3, n).clone()
+        if self.quick_positions:
+            grids = [row for im in images for row in im.image_grid_thw.tolist()]
+            quick = grid_positions(ids, grids, self.image_token_id, self.merge)
+            if quick is not None:
+                return quick
+        return self._rope_index(ids, images)
+
+    def _rope_index(self, ids: list[int], images: list[ImageInput]) -> torch.Tensor:
+        """The model's own ``get_rope_index`` positions (3, N) of one prompt."""
         t = torch.tensor([ids])
         grid = torch.cat([im.image_grid_thw for im in images])
         pos, _ = self.base.get_rope_index(
             t, mm_token_type_ids=(t == self.image_token_id).int(), image_grid_thw=grid
         )
         return pos[:, 0, :].cpu()
+
+    def _grid_positions_match(self) -> bool:
+        """``grid_positions`` equals ``get_rope_index`` on a probe prompt: text, two images of other
+        shapes, text between and after (else every prompt goes through ``get_rope_index``)."""
+        m, tok = self.merge, self.image_token_id
+        shapes = [(1, 2 * m, 3 * m), (1, 3 * m, m)]
+        images = [ImageInput(torch.zeros(0), torch.tensor([list(s)]), "") for s in shapes]
+        ids = [tok + 1, tok + 2, *[tok] * 6, tok + 3, *[tok] * 3, tok + 4, tok + 5]
+        try:
+            expected = self._rope_index(ids, images)
+        except Exception:  # a model whose positions need more than this: keep its own
+            return False
+        quick = grid_positions(ids, [list(s) for s in shapes], tok, m)
+        return quick is not None and torch.equal(quick, expected)
 
     # --- forward --------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

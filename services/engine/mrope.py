@@ -1,0 +1,50 @@
+"""M-RoPE positions of a whole prompt in a few tensor operations.
+
+``get_rope_index`` (GLM-4V, Qwen2-VL) groups the prompt's token types in Python and builds every run
+with small tensor ops: ~0.13 ms of the inference worker's main thread a request on the bundled model.
+The rule it applies to still images is short: a text run counts on from the current position on all
+three axes; an image run gives (t, h, w) grid positions offset by the current position, which then
+advances by the image's largest merged side. ``Architecture`` uses this only where a probe at load
+gives ``get_rope_index``'s positions exactly, and falls back to it for a prompt this does not cover.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+
+def grid_positions(
+    ids: list[int], grids: list[list[int]], image_token_id: int, merge: int
+) -> torch.Tensor | None:
+    """(3, N) positions of ``ids`` whose image-token runs are the images of ``grids`` ((t, h, w) each,
+    in order), or None where the runs and the grids do not match one to one."""
+    n = len(ids)
+    tokens = torch.tensor(ids)
+    is_image = tokens == image_token_id
+    edges = (torch.nonzero(is_image[1:] != is_image[:-1]).flatten() + 1).tolist()
+    bounds = [0, *edges, n]
+    out = torch.empty(3, n, dtype=torch.long)
+    position, next_image = 0, 0
+    for start, end in itertools.pairwise(bounds):
+        if not bool(is_image[start]):
+            out[:, start:end] = torch.arange(position, position + end - start)
+            position += end - start
+            continue
+        if next_image >= len(grids):
+            return None
+        t, h, w = grids[next_image]
+        next_image += 1
+        if end - start != t * (h // merge) * (w // merge):
+            return None  # two images' tokens side by side, or a grid that does not fit: not this rule
+        out[:, start:end] = _image_positions(t, h // merge, w // merge, position)
+        position += max(h, w) // merge
+    return out if next_image == len(grids) else None
+
+
+def _image_positions(t: int, h: int, w: int, offset: int) -> torch.Tensor:
+    temporal = torch.arange(t).view(t, 1, 1).expand(t, h, w)
+    rows = torch.arange(h).view(1, h, 1).expand(t, h, w)
+    cols = torch.arange(w).view(1, 1, w).expand(t, h, w)
+    return torch.stack([temporal, rows, cols]).reshape(3, -1) + offset
