@@ -24,6 +24,7 @@ class PromptBuilder:
         self.processor = processor
         self.tokenizer = arch.tokenizer
         self.config = config
+        self.head = self._fixed_head()  # the template's fixed opening, tokenized once (or None)
 
     def build(self, request: GenerationRequest) -> Prompt:
         """Validate ``request`` and return its prompt; raises RequestRejected with the reason."""
@@ -48,10 +49,43 @@ class PromptBuilder:
             text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # template errors are the caller's malformed messages
             raise RequestRejected(f"messages could not be rendered by the chat template: {exc}") from exc
-        # like ``processor(text=...)``: special tokens (e.g. Llama's BOS) unless the template wrote them
-        bos = getattr(self.tokenizer, "bos_token", None)
-        add_special = not (bos and text.startswith(bos))
+        if self.head is not None and text.startswith(self.head[0]):
+            return self.head[1] + self._ids(text[len(self.head[0]) :], add_special=False)
+        return self._ids(text)
+
+    def _ids(self, text: str, add_special: bool | None = None) -> list[int]:
+        """Like ``processor(text=...)``: special tokens (e.g. Llama's BOS) unless the template wrote them."""
+        if add_special is None:
+            bos = getattr(self.tokenizer, "bos_token", None)
+            add_special = not (bos and text.startswith(bos))
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+    def _fixed_head(self) -> tuple[str, list[int]] | None:
+        """What the chat template renders before any user text (the default system prompt), cut after
+        its last special token, with its tokens: a rendered prompt that starts with it tokenizes only
+        the rest (a special token is a boundary the tokenizer never merges across). Only where two
+        probe conversations tokenize the same both ways; None otherwise."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        specials = [str(t.content) for t in added.values() if getattr(t, "special", False)]
+        try:
+            probes = [self._rendered(text) for text in ("a", "b b")]
+        except Exception:  # a template that needs more than a user turn: tokenize whole prompts
+            return None
+        common = _common_prefix(probes[0], probes[1])
+        cut = max((common.rfind(t) + len(t) for t in specials if t and t in common), default=0)
+        if cut == 0:
+            return None
+        head = (common[:cut], self._ids(common[:cut]))
+        for text in probes:
+            if self._ids(text) != head[1] + self._ids(text[cut:], add_special=False):
+                return None
+        return head
+
+    def _rendered(self, user_text: str) -> str:
+        """The chat template's prompt for one user turn of ``user_text``."""
+        turn = [{"role": "user", "content": [{"type": "text", "text": user_text}]}]
+        text: str = self.processor.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+        return text
 
     def expand_images(self, ids: list[int], request: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
         tok = self.arch.image_token_id
@@ -69,6 +103,13 @@ class PromptBuilder:
             spans.append(ImageSpan(len(out), len(out) + n, len(spans), image.digest))
             out.extend([tok] * n)
         return out, spans
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def count_image_parts(messages: list[dict[str, Any]]) -> int:
