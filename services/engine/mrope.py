@@ -10,8 +10,6 @@ gives ``get_rope_index``'s positions exactly, and falls back to it for a prompt 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 
@@ -21,26 +19,25 @@ def grid_positions(
     """(3, N) positions of ``ids`` whose image-token runs are the images of ``grids`` ((t, h, w) each,
     in order), or None where the runs and the grids do not match one to one."""
     n = len(ids)
-    tokens = torch.tensor(ids)
-    is_image = tokens == image_token_id
-    edges = (torch.nonzero(is_image[1:] != is_image[:-1]).flatten() + 1).tolist()
-    bounds = [0, *edges, n]
     out = torch.empty(3, n, dtype=torch.long)
-    position, next_image = 0, 0
-    for start, end in itertools.pairwise(bounds):
-        if not bool(is_image[start]):
-            out[:, start:end] = torch.arange(position, position + end - start)
-            position += end - start
-            continue
-        if next_image >= len(grids):
-            return None
-        t, h, w = grids[next_image]
-        next_image += 1
-        if end - start != t * (h // merge) * (w // merge):
-            return None  # two images' tokens side by side, or a grid that does not fit: not this rule
+    position = cursor = 0  # the next position; where the text before the next image starts
+    for t, h, w in grids:
+        try:
+            start = ids.index(image_token_id, cursor)
+        except ValueError:
+            return None  # fewer image runs than grids
+        end = start + t * (h // merge) * (w // merge)
+        if ids[start:end].count(image_token_id) != end - start or (end < n and ids[end] == image_token_id):
+            return None  # a run of another size (or two images' tokens side by side): not this rule
+        out[:, cursor:start] = torch.arange(position, position + start - cursor)
+        position += start - cursor
         out[:, start:end] = _image_positions(t, h // merge, w // merge, position)
         position += max(h, w) // merge
-    return out if next_image == len(grids) else None
+        cursor = end
+    if image_token_id in ids[cursor:]:
+        return None  # more image runs than grids
+    out[:, cursor:] = torch.arange(position, position + n - cursor)
+    return out
 
 
 def _image_positions(t: int, h: int, w: int, offset: int) -> torch.Tensor:
