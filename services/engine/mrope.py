@@ -17,11 +17,14 @@ def grid_positions(
     ids: list[int], grids: list[list[int]], image_token_id: int, merge: int
 ) -> torch.Tensor | None:
     """(3, N) positions of ``ids`` whose image-token runs are the images of ``grids`` ((t, h, w) each,
-    in order), or None where the runs and the grids do not match one to one."""
+    in order), or None where the runs and the grids do not match one to one, or a grid has more
+    than one frame."""
     n = len(ids)
     out = torch.empty(3, n, dtype=torch.long)
     position = cursor = 0  # the next position; where the text before the next image starts
     for t, h, w in grids:
+        if t != 1:
+            return None  # several frames: the families' rules differ there (and no probe covers it)
         try:
             start = ids.index(image_token_id, cursor)
         except ValueError:

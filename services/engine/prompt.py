@@ -8,6 +8,7 @@ does it for a from-scratch run.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from services.engine.api import GenerationRequest, RequestRejected, SamplingParams
@@ -16,6 +17,14 @@ from services.engine.config import EngineConfig
 from services.engine.sequence import ImageSpan, Prompt
 
 MAX_STOP_STRINGS = 8
+
+
+@dataclass(frozen=True)
+class TemplateHead:
+    """What the chat template renders before any user text, and its tokens."""
+
+    text: str
+    ids: list[int]
 
 
 class PromptBuilder:
@@ -49,8 +58,8 @@ class PromptBuilder:
             text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # template errors are the caller's malformed messages
             raise RequestRejected(f"messages could not be rendered by the chat template: {exc}") from exc
-        if self.head is not None and text.startswith(self.head[0]):
-            return self.head[1] + self._ids(text[len(self.head[0]) :], add_special=False)
+        if self.head is not None and text.startswith(self.head.text):
+            return self.head.ids + self._ids(text[len(self.head.text) :], add_special=False)
         return self._ids(text)
 
     def _ids(self, text: str, add_special: bool | None = None) -> list[int]:
@@ -60,7 +69,7 @@ class PromptBuilder:
             add_special = not (bos and text.startswith(bos))
         return list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
-    def _fixed_head(self) -> tuple[str, list[int]] | None:
+    def _fixed_head(self) -> TemplateHead | None:
         """What the chat template renders before any user text (the default system prompt), cut after
         its last special token, with its tokens: a rendered prompt that starts with it tokenizes only
         the rest (a special token is a boundary the tokenizer never merges across). Only where two
@@ -75,9 +84,9 @@ class PromptBuilder:
         cut = max((common.rfind(t) + len(t) for t in specials if t and t in common), default=0)
         if cut == 0:
             return None
-        head = (common[:cut], self._ids(common[:cut]))
+        head = TemplateHead(common[:cut], self._ids(common[:cut]))
         for text in probes:
-            if self._ids(text) != head[1] + self._ids(text[cut:], add_special=False):
+            if self._ids(text) != head.ids + self._ids(text[cut:], add_special=False):
                 return None
         return head
 

@@ -122,7 +122,7 @@ class ImageProcessorHandle:
             direct = step([pixels], **kwargs)
         except Exception:  # another signature, a setting it lacks: keep the whole call
             return None
-        whole = self.finish(pixels)
+        whole = self.finish(pixels)  # ``direct`` is still None here: the processor's whole call
         same = whole.keys() == {k for k, v in direct.items() if hasattr(v, "dtype")}
         return kwargs if same and all(torch.equal(whole[k], direct[k]) for k in whole) else None
 

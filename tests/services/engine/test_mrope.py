@@ -48,3 +48,4 @@ def test_a_prompt_outside_the_rule_is_left_to_get_rope_index() -> None:
     assert grid_positions(ids, [[1, 4, 4], [1, 2, 4]], tok, 2) is None
     assert grid_positions([1, *[tok] * 4, 2], [[1, 4, 4], [1, 2, 4]], tok, 2) is None  # a grid unused
     assert grid_positions([1, *[tok] * 3, 2], [[1, 4, 4]], tok, 2) is None  # a run of the wrong size
+    assert grid_positions([1, *[tok] * 8, 2], [[2, 4, 4]], tok, 2) is None  # two frames: the model's rule

@@ -41,13 +41,13 @@ def test_the_head_tokenizes_like_the_whole_prompt(name: str, bundled: Any, tiny_
     model, processor = bundled if name == "bundled" else tiny_models[name]
     builder = PromptBuilder(Architecture(model, processor), processor, EngineConfig())
     if name == "bundled":  # its template opens with the default system prompt: the head is used
-        assert builder.head is not None and builder.head[0].endswith("<|user|>")
+        assert builder.head is not None and builder.head.text.endswith("<|user|>")
     head, used = builder.head, 0
     for turns in conversations(150, seed=len(name)):
         fast = builder.tokenize(turns)
         used += head is not None and builder.processor.apply_chat_template(
             turns, tokenize=False, add_generation_prompt=True
-        ).startswith(head[0])
+        ).startswith(head.text)
         builder.head = None
         assert fast == builder.tokenize(turns), (name, turns)
         builder.head = head
