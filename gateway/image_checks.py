@@ -6,7 +6,9 @@ stored when it is too big, not an allowed format, malformed or too costly to par
 (``shared.formats.check_structure``: marker/chunk floods, truncation), or its header is unreadable.
 
 Payloads over ``INLINE_LIMIT`` (sha256 of up to 10 MB, base64 of up to 13 MB, the multipart file
-read) are processed on one dedicated thread (``PAYLOAD_THREAD``), small ones inline. One thread,
+read) are processed on one dedicated thread (``PAYLOAD_THREAD``), smaller ones inline: the hop to
+the thread and back costs ~0.18 CPU-ms (measured: ``inspect_image`` of a 1024 px JPEG 0.22 ms inline,
+0.40 through the thread), about what checking a 1 MB image blocks the event loop for. One thread,
 not anyio's pool of 40: glibc gives each thread that allocates its own malloc arena, and once a
 freed multi-megabyte buffer has raised glibc's dynamic mmap threshold, every arena keeps up to
 twice that size (~25 MB) of freed memory it never returns; spread over the pool's threads that
@@ -27,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+import pybase64
 from PIL import Image, JpegImagePlugin
 from starlette.datastructures import UploadFile
 
@@ -35,7 +38,7 @@ from shared.config import GatewaySettings
 from shared.formats import ALLOWED_TEXT as ALLOWED
 from shared.formats import StructureError, check_structure, name_format, sniff_format
 
-INLINE_LIMIT = 64 * 1024  # bytes of payload handled on the event loop
+INLINE_LIMIT = 1024 * 1024  # bytes of payload handled on the event loop
 PAYLOAD_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmq-payload")
 T = TypeVar("T")
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
@@ -80,16 +83,32 @@ def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> byt
                 400, f"{field}: data URL must be base64-encoded (data:<type>;base64,...)", param=field
             )
         text = text[match.end() :]
-    text = "".join(text.split())
-    if len(text) * 3 // 4 > max_bytes + 3:
+    if _decoded_size_over(text, max_bytes):
         raise APIError(
             413, f"{field}: image larger than {max_bytes} bytes", param=field, code="image_too_large"
         )
     try:
-        data = base64.b64decode(text, validate=True)
+        return _strict_base64(text)
     except (binascii.Error, ValueError):
         raise APIError(400, f"{field}: not valid base64", param=field, code="bad_base64") from None
-    return data
+
+
+def _decoded_size_over(text: str, max_bytes: int) -> bool:
+    """Whether the decoded bytes would exceed ``max_bytes``; whitespace (only dropped, never
+    decoded) is counted out only when the length alone is over, so the usual case copies nothing."""
+    limit = max_bytes + 3
+    return len(text) * 3 // 4 > limit and len("".join(text.split())) * 3 // 4 > limit
+
+
+def _strict_base64(text: str) -> bytes:
+    """``base64.b64decode(validate=True)`` after dropping whitespace (line-wrapped base64 is common),
+    tried first with pybase64's SIMD decoder: 0.01 ms for a 1024 px JPEG against the standard
+    library's 0.8 (its validation is a regex). pybase64 accepts nothing the standard library refuses
+    but does refuse wrapped text and stray padding after whole quads, so those take the slow path."""
+    try:
+        return pybase64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error and non-ASCII text
+        return base64.b64decode("".join(text.split()), validate=True)
 
 
 async def on_payload_thread(size: int, fn: Callable[..., T], *args: object) -> T:
