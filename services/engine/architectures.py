@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from services.engine.api import ImageInput, RequestRejected
 from services.engine.kv_layer import GrowingLayer
 from services.engine.lean_glm4v import LeanGlm4vText
+from services.engine.lean_glm4v_vision import LeanGlm4vVision
 from services.engine.mrope import grid_positions
 
 HEX_DIGITS = frozenset("0123456789abcdef")
@@ -41,6 +42,7 @@ class Architecture:
         if not self.grid and not hasattr(self.vision_config, "image_size"):
             raise ValueError(f"unsupported VLM architecture: {type(model).__name__}")
         self.lean = LeanGlm4vText(model) if lean and LeanGlm4vText.supports(model) else None
+        self.lean_vision = LeanGlm4vVision(model) if lean and LeanGlm4vVision.supports(model) else None
         self.quick_positions = self.grid and self._grid_positions_match()
 
     @property
@@ -119,6 +121,9 @@ class Architecture:
         pv = torch.cat([im.pixel_values for im in images]).to(self.device, self.dtype)
         if self.grid:
             grid = torch.cat([im.image_grid_thw for im in images]).to(self.device)
+            if self.lean_vision is not None and self.lean_vision.usable():
+                merged = self.lean_vision.features(pv, grid).to(self.dtype)
+                return list(torch.split(merged, [self.tokens_per_image(im) for im in images]))
             out = self.base.get_image_features(pixel_values=pv, image_grid_thw=grid)
         else:
             out = self.base.get_image_features(
