@@ -19,7 +19,7 @@ import hashlib
 import inspect
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ class ImageProcessorHandle:
     target_pixels: int | None  # pixels per image the resize keeps at most: draft decoding's aim
     split: bool = False
     direct: dict[str, Any] | None = None  # ``finish`` as one ``_preprocess`` call (``_direct_finish``)
+    direct_resize: dict[str, Any] | None = None  # ``resize`` likewise (``_direct_resize``)
+    _capturing: Any = field(default=None, repr=False)  # the processor, resize captured (made once)
 
     @classmethod
     def load(cls, model_path: str | Path) -> ImageProcessorHandle:
@@ -59,7 +61,9 @@ class ImageProcessorHandle:
     @classmethod
     def wrap(cls, processor: Any) -> ImageProcessorHandle:
         handle = cls(processor, processor_id(processor), target_pixels(processor))
+        handle._capturing = _capturing_copy(processor)
         handle.split = handle._splits_exactly()
+        handle.direct_resize = handle._direct_resize()
         handle.target_pixels = handle._kept_pixels(handle.target_pixels)
         handle.direct = handle._direct_finish()
         return handle
@@ -75,21 +79,72 @@ class ImageProcessorHandle:
         (uint8, channels first). ``img`` is RGB (``worker.imaging.decode_image``): it goes in as a
         channels-first view of its bytes, sparing the processor's RGB conversion and its copies.
         Raises ValueError if the processor never resizes."""
-        capturing = copy.copy(self.processor)
-        original = capturing.resize
-
-        def capture(image: Any, *args: Any, **kwargs: Any) -> Any:
-            raise _Resized(original(image, *args, **kwargs))
-
-        capturing.resize = capture
         if img.mode != "RGB":
             img = img.convert("RGB")
         pixels = np.asarray(img).transpose(2, 0, 1)
         try:
-            capturing(images=[pixels], do_convert_rgb=False, input_data_format="channels_first")
+            if self.direct_resize is not None:
+                self._capturing._preprocess([pixels], **self.direct_resize)
+            else:
+                self._capturing(images=[pixels], do_convert_rgb=False, input_data_format="channels_first")
         except _Resized as done:
             return np.ascontiguousarray(done.array)
         raise ValueError("the image processor did not resize")
+
+    def _direct_resize(self) -> dict[str, Any] | None:
+        """The keyword arguments the processor's whole call hands its ``_preprocess`` (recorded
+        once), where probes of several sizes show that calling ``_preprocess`` with them resizes bit
+        for bit as the whole call does: the whole call validates and merges its arguments for every
+        picture (more than half of ``resize``'s CPU besides Pillow's own, on the bundled model's).
+        None otherwise: the whole call then runs for every picture."""
+        if not self.split:
+            return None
+        recorder = copy.copy(self.processor)
+        recorded: dict[str, Any] = {}
+
+        def record(images: Any, *args: Any, **kwargs: Any) -> Any:
+            if args:  # positional arguments: not a shape this can replay
+                raise TypeError("positional arguments")
+            recorded.update(kwargs)
+            raise _Resized(np.empty(0))
+
+        recorder._preprocess = record
+        try:
+            recorder(
+                images=[self._channels_first(_probe())],
+                do_convert_rgb=False,
+                input_data_format="channels_first",
+            )
+        except _Resized:
+            pass
+        except Exception:
+            return None
+        if not recorded:
+            return None
+        return recorded if self._same_resize(recorded) else None
+
+    def _same_resize(self, kwargs: dict[str, Any]) -> bool:
+        for side in ((97, 131), (400, 300), (64, 64), (1000, 180)):
+            pixels = self._channels_first(_probe(side))
+            try:
+                self._capturing._preprocess([pixels], **kwargs)
+                return False  # never resized
+            except _Resized as direct:
+                try:
+                    self._capturing(images=[pixels], do_convert_rgb=False, input_data_format="channels_first")
+                    return False
+                except _Resized as whole:
+                    if direct.array.dtype != whole.array.dtype or not np.array_equal(
+                        direct.array, whole.array
+                    ):
+                        return False
+            except Exception:
+                return False
+        return True
+
+    @staticmethod
+    def _channels_first(img: Image.Image) -> np.ndarray:
+        return np.asarray(img.convert("RGB")).transpose(2, 0, 1)
 
     def finish(self, pixels: np.ndarray) -> dict[str, torch.Tensor]:
         """The processor's steps after its resize, on what ``resize`` returned."""
@@ -169,9 +224,23 @@ class ImageProcessorHandle:
         return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
-def _probe() -> Image.Image:
-    """A small random picture the processor's steps are checked on at load."""
-    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (97, 131, 3), dtype=np.uint8))
+def _probe(size: tuple[int, int] = (97, 131)) -> Image.Image:
+    """A random picture (``size``: height, width) the processor's steps are checked on at load."""
+    rng = np.random.default_rng(size[0] * 10007 + size[1])
+    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+def _capturing_copy(processor: Any) -> Any:
+    """A shallow copy of ``processor`` whose resize raises ``_Resized`` with its result: the whole
+    pipeline (or ``_preprocess``) then stops right after the resize."""
+    capturing = copy.copy(processor)
+    original = capturing.resize
+
+    def capture(image: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _Resized(original(image, *args, **kwargs))
+
+    capturing.resize = capture
+    return capturing
 
 
 def processor_id(processor: Any) -> str:

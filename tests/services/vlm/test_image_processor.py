@@ -30,6 +30,7 @@ def test_the_split_is_exact(name: str) -> None:
     handle = ImageProcessorHandle.wrap(processors()[name])
     assert handle.split, f"{name}: the processor's work does not split after its resize"
     assert handle.direct is not None, f"{name}: finish is not one _preprocess call"  # what from_wire runs
+    assert handle.direct_resize is not None, f"{name}: resize is not one _preprocess call"  # wire's
     for seed, (fmt, size) in enumerate([("JPEG", (333, 222)), ("PNG", (64, 300)), ("WEBP", (1024, 700))]):
         img = decode_image(image_bytes(fmt, size, seed=seed), 10**8, handle.target_pixels)
         wire = handle.wire(img)
@@ -37,6 +38,31 @@ def test_the_split_is_exact(name: str) -> None:
         whole, finished = handle(img), handle.from_wire(wire)
         assert whole.keys() == finished.keys()
         assert all(torch.equal(whole[k], finished[k]) for k in whole), (name, fmt, size)
+        assert torch.equal(wire[RESIZED], torch.from_numpy(_whole_call_resize(handle, img)))
+
+
+def _whole_call_resize(handle: ImageProcessorHandle, img: Image.Image) -> Any:
+    slow = copy.copy(handle)
+    slow.direct_resize = None
+    return slow.resize(img)
+
+
+def test_resize_is_the_whole_call_where_inputs_are_prepared_otherwise() -> None:
+    """A processor that changes the pictures before its ``_preprocess`` (here: mirrors those it
+    will resize) resizes through its whole call: the probes at load see the difference."""
+    base = ImageProcessorHandle.load(models.test_model_path()).processor
+
+    class Mirroring(type(base)):  # type: ignore[misc]
+        def _prepare_image_like_inputs(self, images: Any, *args: Any, **kwargs: Any) -> Any:
+            prepared = super()._prepare_image_like_inputs(images, *args, **kwargs)
+            return [image[..., ::-1].copy() for image in prepared] if kwargs.get("do_resize") else prepared
+
+    processor = copy.copy(base)
+    processor.__class__ = Mirroring
+    handle = ImageProcessorHandle.wrap(processor)
+    assert handle.split and handle.direct_resize is None
+    img = Image.fromarray(torch.randint(0, 256, (90, 200, 3), dtype=torch.uint8).numpy())
+    assert torch.equal(handle.from_wire(handle.wire(img))["pixel_values"], handle(img)["pixel_values"])
 
 
 def test_finish_is_the_whole_call_where_one_step_cannot_be_set_up() -> None:
