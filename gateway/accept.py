@@ -1,20 +1,21 @@
 """Accepting a job (docs/service-contract.md §1): result cache, admission, writes, decode task.
 
 Every check that can refuse a request (intake validation, admission: 429 when the queues are
-full) runs before the first write, so a refused request leaves nothing behind in Redis. Order of
-the writes: image + job record (one MULTI) -> decode task + conversation (a second MULTI: the
-task is an LPUSH onto the Celery queue, see ``shared.decode_task``; a text-only job has nothing
-to decode and is handed to inference instead, ``gateway.handoff``). An enqueue failure (503)
-therefore leaves the conversation untouched; the job stays, ``failed`` with
-``error_code=queue_unavailable`` (a client polling it gets the reason), and the image bytes
-expire with their TTL.
+full) runs before the first write, so a refused request leaves nothing behind in Redis. The writes
+are one MULTI: image + job record + decode task + conversation (the task is an LPUSH onto the
+Celery queue, see ``shared.decode_task``; a text-only job has nothing to decode and is handed to
+inference instead, ``gateway.handoff``). A refused MULTI (EXECABORT: e.g. the broker refusing the
+LPUSH) wrote nothing: the job record alone is then written and failed, so the conversation is
+untouched, the job stays ``failed`` with ``error_code=queue_unavailable`` (a client polling it
+gets the reason) and the image bytes expire with their TTL.
 
-``VLMQ_REDIS_MIN_REPLICAS`` > 0: each of the two MULTIs is followed by a WAIT on its connection
-(``ReplicatedPipeline``), so a 202 is only sent for writes a replica holds. Too few replicas
-within ``VLMQ_REDIS_WAIT_MS``: 503, and the job is failed ``queue_unavailable`` like an enqueue
-failure (its writes already ran on the master; FINISH_LUA is the one write every stage respects,
-where a DEL would race a decode worker that already has the task). A result-cache hit does not
-wait: its answer is in the response itself.
+``VLMQ_REDIS_MIN_REPLICAS`` > 0: the writes are two MULTIs, image + job record, then decode task
++ conversation, each followed by a WAIT on its connection (``ReplicatedPipeline``), so no task is
+enqueued for a record no replica holds and a 202 is only sent for writes a replica holds. Too few
+replicas within ``VLMQ_REDIS_WAIT_MS``: 503, and the job is failed ``queue_unavailable`` like an
+enqueue failure (its writes already ran on the master; FINISH_LUA is the one write every stage
+respects, where a DEL would race a decode worker that already has the task). A result-cache hit
+does not wait: its answer is in the response itself.
 """
 
 from __future__ import annotations
@@ -81,12 +82,63 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     hold_s = state.settings.batch_hold_s if spec.priority == "interactive" else 0.0
     depth = state.settings.max_queue_depth
     await admit(state.redis, state.keys, spec.job_id, depth, state.throughput, hold_s)
-    try:
-        queued_id = await _write(state, job, None, conversation=False)
-    except NotReplicated as exc:
-        raise await _not_replicated(state, spec.job_id, exc) from exc
-    status = await _enqueue(state, job)
+    if state.settings.redis_min_replicas > 0:
+        try:
+            queued_id = await _write(state, job, None, conversation=False)
+        except NotReplicated as exc:
+            raise await _not_replicated(state, spec.job_id, exc) from exc
+        status = await _enqueue(state, job)
+    else:
+        queued_id, status = await _write_and_enqueue(state, job)
     return Accepted(spec, status, queued_event_id=queued_id)
+
+
+async def _write_and_enqueue(state: GatewayState, job: PreparedJob) -> tuple[str, JobStatus]:
+    """Image, job, decode task (or hand-over) and conversation in one MULTI: one round trip less
+    than writing and enqueueing apart. Returns the queued event's id and the job's status."""
+    spec = job.spec
+    try:
+        stream = None if needs_decoding(spec) else await inference_stream(state, spec)
+        async with state.redis.pipeline(transaction=True) as pipe:
+            _write_image(pipe, state, job)
+            queued_at = _write_job(pipe, state, spec, None)
+            handoff_at = len(pipe.command_stack)
+            _queue_next_stage(pipe, state, spec, stream)
+            _write_conversation(pipe, state, job)
+            replies = await pipe.execute()
+    except Exception as exc:  # nothing was written (EXECABORT) or Redis is going: fail the job
+        log.exception("enqueue failed for %s", spec.job_id)
+        await _record_refused(state, job, f"could not enqueue the job: {exc}")
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            raise  # the job store itself is away: 503 redis_unavailable (gateway.errors)
+        raise _queue_unavailable() from exc
+    handed_over = stream is not None and replies[handoff_at] == 1
+    return as_str(replies[queued_at]), JobStatus.WAITING if handed_over else JobStatus.QUEUED
+
+
+async def _record_refused(state: GatewayState, job: PreparedJob, error: str) -> None:
+    """The job's record, failed: what a client holding its id finds (the conversation untouched)."""
+    try:
+        await _write(state, job, None, conversation=False)
+        await fail_job(state, job.spec.job_id, error)
+    except redis.RedisError:  # the answer is a 503 either way; the sweeper drops its admission
+        log.warning("job %s: could not record the failure", job.spec.job_id, exc_info=True)
+
+
+def _queue_next_stage(
+    pipe: aioredis.client.Pipeline, state: GatewayState, spec: JobSpec, stream: str | None
+) -> None:
+    """The decode task, or (``stream``: text only) the hand-over to inference."""
+    if stream is None:
+        state.decode.push(pipe, spec.job_id, spec.priority)
+    else:
+        queue_handoff(pipe, state, spec, stream)
+
+
+def _queue_unavailable() -> APIError:
+    return APIError(
+        503, "decode queue unavailable, retry shortly", code="queue_unavailable", headers={"Retry-After": "1"}
+    )
 
 
 async def _write(
@@ -103,16 +155,14 @@ async def _write(
 
 
 async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
-    """Decode task (or, text only, the hand-over to inference) and conversation in one MULTI: a
-    refused LPUSH aborts both (EXECABORT). Returns the job's status after it."""
+    """With replicas to wait for, after the record's MULTI: decode task (or, text only, the
+    hand-over to inference) and conversation in one MULTI: a refused LPUSH aborts both (EXECABORT).
+    Returns the job's status after it."""
     spec = job.spec
     try:
         stream = None if needs_decoding(spec) else await inference_stream(state, spec)
         async with _pipeline(state, replicated=True) as pipe:
-            if stream is None:
-                state.decode.push(pipe, spec.job_id, spec.priority)
-            else:
-                queue_handoff(pipe, state, spec, stream)
+            _queue_next_stage(pipe, state, spec, stream)
             _write_conversation(pipe, state, job)
             replies = await pipe.execute()
     except NotReplicated as exc:
@@ -120,12 +170,7 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
     except Exception as exc:  # broker down: the job must not stay queued forever
         log.exception("enqueue failed for %s", spec.job_id)
         await fail_job(state, spec.job_id, f"could not enqueue the job: {exc}")
-        raise APIError(
-            503,
-            "decode queue unavailable, retry shortly",
-            code="queue_unavailable",
-            headers={"Retry-After": "1"},
-        ) from exc
+        raise _queue_unavailable() from exc
     handed_over = stream is not None and replies[0] == 1  # 0: cancelled meanwhile
     return JobStatus.WAITING if handed_over else JobStatus.QUEUED
 

@@ -170,6 +170,27 @@ async def test_failed_enqueue_leaves_the_session_alone_and_fails_the_job(
     assert outcomes(r, gw, "failed") == 1
 
 
+async def test_an_accepted_job_is_written_and_enqueued_in_one_multi(
+    stack_factory: Callable[..., ServiceStack],
+) -> None:
+    """Image, record, decode task and conversation: one MULTI (one round trip), all of it there."""
+    gw = stack_factory(components=("gateway",), extra_env=GATEWAY_ENV)
+    r = gw.redis
+
+    def execs() -> int:
+        return int(r.info("commandstats").get("cmdstat_exec", {}).get("calls", 0))
+
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=20) as client:
+        await submit(client, session_id="warm-up")  # the first request's own set-up aside
+        before = execs()
+        job = await submit(client, session_id="one-multi")
+        after = execs()
+    assert after - before == 1
+    assert r.hget(gw.keys.job(job["id"]), "status") == b"queued"
+    assert r.exists(gw.keys.conversation("one-multi"))
+    assert job["id"] in decode_tasks(r, gw.key_prefix)
+
+
 def _spec(r: redis.Redis, stack: ServiceStack, job_id: str) -> Any:
     from shared.jobs import JobRecord
 
