@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import connect
 
+from tests.gateway.clients import read_sse
 from tests.gateway.conftest import GATEWAY_ENV, stored_keys
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
@@ -121,3 +122,17 @@ async def test_stream_slots_are_taken_before_the_response_starts(
         assert sorted(codes) == [200] * 4 + [503] * 8, codes
         second = await asyncio.gather(*[open_stream() for _ in range(4)])  # the slots came back
         assert second == [200] * 4
+
+
+async def test_each_stream_gives_its_connection_back(stack_factory: Callable[..., ServiceStack]) -> None:
+    """A stream holds one connection of the stream pool for its whole life and returns it at the
+    end: three times as many streams as connections, one after the other, all read to the end."""
+    gw = gateway_with(stack_factory, VLMQ_STREAM_CONNECTIONS="2")
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
+        started = time.perf_counter()
+        for _ in range(6):
+            job_id = await _submit(client)
+            assert (await client.delete(f"/v1/jobs/{job_id}")).status_code == 200
+            events = await read_sse(client, f"/v1/jobs/{job_id}/events")
+            assert events[-1]["data"]["status"] == "cancelled", events
+        assert time.perf_counter() - started < 4.0  # a connection kept would block the third (5 s)
