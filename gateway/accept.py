@@ -27,7 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from gateway.admission import admit
+from gateway.admission import queue_admission, refuse_when_full
 from gateway.errors import APIError
 from gateway.handoff import inference_stream, queue_handoff
 from gateway.intake import Submission
@@ -72,16 +72,16 @@ async def submit(state: GatewayState, sub: Submission, route: str | None = None)
 
 
 async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bool = True) -> Accepted:
-    """Cache hit: one MULTI, no work. Else admit (429), write image + job, then enqueue + session."""
+    """Result-cache lookup and admission in one round trip. A hit: one MULTI (which also gives
+    back the place admission reserved), no work. Else 429 when full, or the writes and the task."""
     spec = job.spec
-    cached = await _cached_result(state, spec) if use_result_cache else None
-    if cached is not None:
+    cached, admitted = await _lookup_and_admit(state, spec, use_result_cache)
+    if cached is not None:  # served whether or not the queues had room
         queued_id = await _write(state, job, cached, conversation=True)
         await count_outcome(state, JobStatus.DONE)
         return Accepted(spec, JobStatus.DONE, cached, queued_event_id=queued_id)
-    hold_s = state.settings.batch_hold_s if spec.priority == "interactive" else 0.0
     depth = state.settings.max_queue_depth
-    await admit(state.redis, state.keys, spec.job_id, depth, state.throughput, hold_s)
+    await refuse_when_full(state.redis, state.keys, admitted, depth, state.throughput)
     if state.settings.redis_min_replicas > 0:
         try:
             queued_id = await _write(state, job, None, conversation=False)
@@ -211,16 +211,28 @@ def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str,
     return {"Cache-Control": "no-store", "X-VLMQ-Result-Cache": result, **accepted.headers}
 
 
-async def _cached_result(state: GatewayState, spec: JobSpec) -> result_cache.CachedResult | None:
+async def _lookup_and_admit(
+    state: GatewayState, spec: JobSpec, use_result_cache: bool
+) -> tuple[result_cache.CachedResult | None, Any]:
+    """The result cache's answer (None: no lookup or a miss) and ``ADMIT_LUA``'s reply, in one
+    round trip."""
     settings = state.settings
-    key = result_cache.cache_key(state.keys, settings.result_model_id, spec, settings.result_cache_shared)
+    key = None
+    if use_result_cache:
+        key = result_cache.cache_key(state.keys, settings.result_model_id, spec, settings.result_cache_shared)
+    hold_s = settings.batch_hold_s if spec.priority == "interactive" else 0.0
+    async with state.redis.pipeline(transaction=False) as pipe:
+        if key is not None:
+            pipe.get(key)
+        queue_admission(pipe, state.keys, spec.job_id, settings.max_queue_depth, hold_s)
+        replies = await pipe.execute()
     if key is None:
-        return None
-    hit = result_cache.decode(await state.redis.get(key))
+        return None, replies[0]
+    hit = result_cache.decode(replies[0])
     state.metrics.result_cache_lookups.inc()
     if hit is not None:
         state.metrics.result_cache_hits.inc()
-    return hit
+    return hit, replies[1]
 
 
 def _write_image(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:
@@ -277,6 +289,8 @@ def _write_job(
             }
         )
         conversations.record_turn(pipe, keys, spec, cached.text, state.settings.session_ttl_s)
+        pipe.zrem(keys.active_jobs(), keys.job(spec.job_id))  # admission's place, if it gave one
+        pipe.zrem(keys.interactive_jobs(), keys.job(spec.job_id))
     pipe.hset(keys.job(spec.job_id), mapping=fields)
     pipe.expire(keys.job(spec.job_id), ttl)
     queued_at = len(pipe.command_stack)

@@ -56,20 +56,22 @@ async def jobs_total(redis: aioredis.Redis, keys: Keys) -> float:
     return total
 
 
-async def admit(
-    redis: aioredis.Redis,
-    keys: Keys,
-    job_id: str,
-    max_depth: int,
-    throughput: Throughput,
-    hold_s: float = 0.0,
-) -> None:
-    """Reserve the job's place in the active set, or raise 429 (with Retry-After) at ``max_depth``.
-    ``hold_s`` > 0 (an interactive job): it holds batch work until it ends, at most that long."""
+def queue_admission(pipe: Any, keys: Keys, job_id: str, max_depth: int, hold_s: float = 0.0) -> None:
+    """Queue ``ADMIT_LUA`` on ``pipe`` (a pipeline, so it can share a round trip): it reserves the
+    job's place in the active set unless the set is at ``max_depth``. Its reply: -1 when admitted,
+    else the depth (``refuse_when_full``). ``hold_s`` > 0 (an interactive job): it holds batch
+    work until it ends, at most that long."""
     now = time.time()
     hold_until = repr(now + hold_s) if hold_s > 0 else ""
     job_key, sets = keys.job(job_id), (keys.active_jobs(), keys.interactive_jobs())
-    depth = int(await redis.eval(ADMIT_LUA, 2, *sets, max_depth, now, job_key, hold_until))
+    pipe.eval(ADMIT_LUA, 2, *sets, max_depth, now, job_key, hold_until)
+
+
+async def refuse_when_full(
+    redis: aioredis.Redis, keys: Keys, reply: Any, max_depth: int, throughput: Throughput
+) -> None:
+    """429 (with Retry-After) when ``ADMIT_LUA``'s reply says the queues were full."""
+    depth = int(reply)
     if depth < 0:
         return
     rate = await throughput.rate(redis, keys)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ import redis
 from shared import metrics_hash, result_cache
 from shared.jobs import JobRecord
 from shared.schemas import UsageInfo
+from tests.gateway.conftest import GATEWAY_ENV
 from tests.gateway.workerside import decode_tasks
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
@@ -62,6 +64,9 @@ async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceSt
     assert int(r.hget(gateway.keys.metrics_counters(), done_field) or 0) == done_before + 1  # counted
     view = (await client.get(f"/v1/jobs/{body['id']}")).json()
     assert view["status"] == "done" and view["final_text"] == "Green." and view["result_cached"] is True
+    job_key = gateway.keys.job(body["id"])  # admission's place (same round trip as the lookup) given back
+    assert r.zscore(gateway.keys.active_jobs(), job_key) is None
+    assert r.zscore(gateway.keys.interactive_jobs(), job_key) is None
     turns = (await client.get("/v1/sessions/rc-1")).json()["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] and turns[-1]["text"] == "Green."
 
@@ -134,3 +139,18 @@ def test_key_names_the_exact_weights(tmp_path: Any) -> None:
     greedy = spec.model_copy(update={"sampling": SamplingSpec(max_tokens=8, top_p=0.5, top_k=3, seed=7)})
     same = result_cache.model_identity(str(ckpt), "none")
     assert result_cache.cache_key(keys, same, greedy) == result_cache.cache_key(keys, same, spec)
+
+
+async def test_a_hit_is_served_when_the_queues_are_full(stack_factory: Callable[..., ServiceStack]) -> None:
+    gw = stack_factory(components=("gateway",), extra_env={**GATEWAY_ENV, "VLMQ_MAX_QUEUE_DEPTH": "1"})
+    r = gw.redis
+    async with httpx.AsyncClient(base_url=gw.base_url, timeout=20) as client:
+        first = await post(client)
+        assert first.status_code == 202 and first.json()["status"] == "queued"  # the queue is now full
+        seed_cache_from(r, gw, first.json()["id"], "Blue.")
+        r.delete(gw.keys.conversation("rc-1"))
+        hit = await post(client)
+        assert hit.status_code == 202 and hit.json()["text"] == "Blue."
+        refused = await post(client, headers={"Cache-Control": "no-cache"}, session_id="rc-2")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert r.zcard(gw.keys.active_jobs()) == 1  # the first job only
