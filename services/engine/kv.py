@@ -30,6 +30,8 @@ def pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
 
 def stack_left(parts: list[torch.Tensor], length: int) -> torch.Tensor:
     """Several (1, H, n_i, D) tensors -> (B, H, length, D), each right-aligned."""
+    if all(t.shape[-2] == length for t in parts):  # e.g. every row reuses the same system prompt
+        return torch.cat(parts)  # one op, not one a row: the values are the same
     first = parts[0]
     out = first.new_zeros(len(parts), first.shape[1], length, first.shape[-1])
     for i, t in enumerate(parts):

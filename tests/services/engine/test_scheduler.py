@@ -186,3 +186,15 @@ def test_batch_rows_pause_while_interactive_work_runs_unless_aged() -> None:
     assert [s.id for s in scheduler.schedule().decode] == ["b0", "i"]
     scheduler.finish(interactive)
     assert [s.id for s in scheduler.schedule().decode] == ["b0", "b1"]  # i ended: all resume
+
+
+def test_stack_left_right_aligns_rows_of_any_lengths() -> None:
+    """Rows all as long as the batch (one op) or shorter (zero-padded on the left): the same layout."""
+    g = torch.Generator().manual_seed(0)
+    for lengths in ([5, 5, 5], [5, 3, 0, 5]):
+        parts = [torch.randn(1, 2, n, 4, generator=g) for n in lengths]
+        out = stack_left(parts, 5)
+        assert out.shape == (len(lengths), 2, 5, 4)
+        for row, (part, n) in enumerate(zip(parts, lengths, strict=True)):
+            assert torch.equal(out[row, :, 5 - n :], part[0])
+            assert not out[row, :, : 5 - n].any()
