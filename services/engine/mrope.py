@@ -10,6 +10,8 @@ gives ``get_rope_index``'s positions exactly, and falls back to it for a prompt 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -44,7 +46,14 @@ def grid_positions(
 
 
 def _image_positions(t: int, h: int, w: int, offset: int) -> torch.Tensor:
+    return _grid_block(t, h, w) + offset
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_block(t: int, h: int, w: int) -> torch.Tensor:
+    """(3, t*h*w) positions of one image's tokens from 0, made once per grid (a dozen small ops:
+    most of a prompt's positions' cost). Read only: every caller adds its offset into a new tensor."""
     temporal = torch.arange(t).view(t, 1, 1).expand(t, h, w)
     rows = torch.arange(h).view(1, h, 1).expand(t, h, w)
     cols = torch.arange(w).view(1, 1, w).expand(t, h, w)
-    return torch.stack([temporal, rows, cols]).reshape(3, -1) + offset
+    return torch.stack([temporal, rows, cols]).reshape(3, -1)
