@@ -151,10 +151,11 @@ class InferenceWorker:
             self._slot_freed.wait(READ_BLOCK_MS / 1000)
             self._slot_freed.clear()
             return
-        interactive = self.consumer.read(free, READ_BLOCK_MS)
-        # Batch work takes what is left, minus a batch's worth kept for interactive arrivals.
-        batch = self.consumer.read_batch(free - len(interactive) - self.interactive_reserve)
-        self.handle_many(interactive + batch)
+        # Interactive work starts before the batch stream is read: that read is a round trip its
+        # wait would otherwise include. Batch work then takes what is left, minus a batch's worth
+        # kept for interactive arrivals.
+        self.handle_many(self.consumer.read(free, READ_BLOCK_MS))
+        self.handle_many(self.consumer.read_batch(self.free_slots() - self.interactive_reserve))
 
     def shutdown(self) -> None:
         if self.batch_hold is not None:  # in-flight batch work must be able to finish now
