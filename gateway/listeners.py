@@ -3,9 +3,9 @@
 A stream stops at the terminal event or when the client leaves. A job submitted with
 ``cancel_on_disconnect`` is cancelled when its last listener on this gateway leaves before
 the end (listeners are counted per process: one gateway per deployment for now).
-Readers use the stream pool (``state.streams``), one connection for a stream's whole life; routes
-take a slot (``state.stream_slots.take()``) before starting a stream, so a full pool answers 503
-instead of blocking.
+Readers use the stream pool (``state.streams``); routes take a slot
+(``state.stream_slots.take()``) before starting a stream, so a full pool answers 503 instead of
+blocking.
 """
 
 from __future__ import annotations
@@ -55,18 +55,14 @@ async def job_events(
         with contextlib.suppress(APIError):  # gone: follow() notices and ends
             await current_record(state, job_id, ANY_TENANT)  # the route checked the tenant
 
-    # One connection of the stream pool for the whole stream (the route's slot reserved it): a
-    # pool checkout and release per XREAD cost ~10 % of each read's CPU.
-    reader = state.streams.client()
     try:
         if not fresh:
             await expire_check()
-        events = follow(reader, state.keys, job_id, last_id, on_idle=expire_check, block_first=fresh)
+        events = follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check, block_first=fresh)
         async for item in events:
             yield item
         finished = True
     finally:
-        await reader.aclose()  # back to the pool (the pool itself stays open)
         state.metrics.open_streams.labels(kind).dec()
         _listeners[job_id] -= 1
         if _listeners[job_id] <= 0:

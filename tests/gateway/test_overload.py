@@ -125,8 +125,8 @@ async def test_stream_slots_are_taken_before_the_response_starts(
 
 
 async def test_each_stream_gives_its_connection_back(stack_factory: Callable[..., ServiceStack]) -> None:
-    """A stream holds one connection of the stream pool for its whole life and returns it at the
-    end: three times as many streams as connections, one after the other, all read to the end."""
+    """Streams give their connections of the stream pool back: three times as many streams as
+    connections, one after the other, all read to the end."""
     gw = gateway_with(stack_factory, VLMQ_STREAM_CONNECTIONS="2")
     async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
         started = time.perf_counter()
