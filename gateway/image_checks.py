@@ -5,10 +5,12 @@ The decode worker does the full (safe) decode; here a request is refused before 
 stored when it is too big, not an allowed format, malformed or too costly to parse
 (``shared.formats.check_structure``: marker/chunk floods, truncation), or its header is unreadable.
 
-Payloads over ``INLINE_LIMIT`` (sha256 of up to 10 MB, base64 of up to 13 MB, the multipart file
-read) are processed on one dedicated thread (``PAYLOAD_THREAD``), smaller ones inline: the hop to
-the thread and back costs ~0.18 CPU-ms (measured: ``inspect_image`` of a 1024 px JPEG 0.22 ms inline,
-0.40 through the thread), about what checking a 1 MB image blocks the event loop for. One thread,
+Payloads over ``INLINE_LIMIT`` (sha256 and structure walk of up to 10 MB, the multipart file read)
+are processed on one dedicated thread (``PAYLOAD_THREAD``), smaller ones inline: the hop to the
+thread and back costs ~0.18 CPU-ms (measured: ``inspect_image`` of a 1024 px JPEG, 196 KB, 0.22 ms
+inline, 0.40 through the thread), about what checking a 256 KB image inline costs. base64 is decoded
+inline by pybase64's SIMD pass (~0.05 ms a MB); text it refuses (line-wrapped, stray padding) goes
+through the standard library, ~5 ms a MB, on the thread past ``WRAPPED_INLINE_LIMIT``. One thread,
 not anyio's pool of 40: glibc gives each thread that allocates its own malloc arena, and once a
 freed multi-megabyte buffer has raised glibc's dynamic mmap threshold, every arena keeps up to
 twice that size (~25 MB) of freed memory it never returns; spread over the pool's threads that
@@ -38,7 +40,8 @@ from shared.config import GatewaySettings
 from shared.formats import ALLOWED_TEXT as ALLOWED
 from shared.formats import StructureError, check_structure, name_format, sniff_format
 
-INLINE_LIMIT = 1024 * 1024  # bytes of payload handled on the event loop
+INLINE_LIMIT = 256 * 1024  # bytes of payload checked on the event loop
+WRAPPED_INLINE_LIMIT = 64 * 1024  # base64 text the standard library decodes on the event loop
 PAYLOAD_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmq-payload")
 T = TypeVar("T")
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
@@ -71,6 +74,22 @@ async def read_image(value: bytes | str, settings: GatewaySettings, field: str =
 
 def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> bytes:
     """base64 text or a ``data:`` URL -> bytes; refuses remote URLs and oversized payloads."""
+    text = _base64_text(value, max_bytes, field)
+    data = _fast_base64(text)
+    return data if data is not None else _slow_base64(text, field)
+
+
+async def decode_base64_image_async(value: str, max_bytes: int, field: str = "image") -> bytes:
+    text = _base64_text(value, max_bytes, field)
+    data = _fast_base64(text)  # inline at any size: a SIMD pass
+    if data is not None:
+        return data
+    return await on_payload_thread(len(text), _slow_base64, text, field, inline_limit=WRAPPED_INLINE_LIMIT)
+
+
+def _base64_text(value: str, max_bytes: int, field: str) -> str:
+    """The base64 part of ``value`` (a ``data:`` URL's payload), refused when it is a remote URL or
+    decodes to more than ``max_bytes``."""
     text = value.strip()
     if text.startswith(("http://", "https://")):
         raise APIError(
@@ -87,10 +106,7 @@ def decode_base64_image(value: str, max_bytes: int, field: str = "image") -> byt
         raise APIError(
             413, f"{field}: image larger than {max_bytes} bytes", param=field, code="image_too_large"
         )
-    try:
-        return _strict_base64(text)
-    except (binascii.Error, ValueError):
-        raise APIError(400, f"{field}: not valid base64", param=field, code="bad_base64") from None
+    return text
 
 
 def _decoded_size_over(text: str, max_bytes: int) -> bool:
@@ -100,20 +116,30 @@ def _decoded_size_over(text: str, max_bytes: int) -> bool:
     return len(text) * 3 // 4 > limit and len("".join(text.split())) * 3 // 4 > limit
 
 
-def _strict_base64(text: str) -> bytes:
-    """``base64.b64decode(validate=True)`` after dropping whitespace (line-wrapped base64 is common),
-    tried first with pybase64's SIMD decoder: 0.01 ms for a 1024 px JPEG against the standard
-    library's 0.8 (its validation is a regex). pybase64 accepts nothing the standard library refuses
-    but does refuse wrapped text and stray padding after whole quads, so those take the slow path."""
+def _fast_base64(text: str) -> bytes | None:
+    """pybase64's SIMD decode (0.01 ms for a 1024 px JPEG, against the standard library's 0.8: its
+    validation is a regex), or None where it refuses. It accepts nothing the standard library
+    refuses, but refuses line-wrapped text and stray padding after whole quads, which
+    ``_slow_base64`` then decides."""
     try:
         return pybase64.b64decode(text, validate=True)
     except ValueError:  # binascii.Error and non-ASCII text
+        return None
+
+
+def _slow_base64(text: str, field: str) -> bytes:
+    """``base64.b64decode(validate=True)`` after dropping whitespace (line-wrapped base64 is common)."""
+    try:
         return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, f"{field}: not valid base64", param=field, code="bad_base64") from None
 
 
-async def on_payload_thread(size: int, fn: Callable[..., T], *args: object) -> T:
+async def on_payload_thread(
+    size: int, fn: Callable[..., T], *args: object, inline_limit: int = INLINE_LIMIT
+) -> T:
     """``fn(*args)`` inline for a small payload, else on the payload thread (event loop stays free)."""
-    if size <= INLINE_LIMIT:
+    if size <= inline_limit:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(PAYLOAD_THREAD, fn, *args)
 
@@ -121,10 +147,6 @@ async def on_payload_thread(size: int, fn: Callable[..., T], *args: object) -> T
 async def read_upload(upload: UploadFile) -> bytes:
     """A multipart file's bytes (spooled to disk past 1 MB), read on the payload thread."""
     return await on_payload_thread(upload.size or 0, upload.file.read)
-
-
-async def decode_base64_image_async(value: str, max_bytes: int, field: str = "image") -> bytes:
-    return await on_payload_thread(len(value), decode_base64_image, value, max_bytes, field)
 
 
 async def inspect_image_async(
