@@ -4,10 +4,18 @@ Every check that can refuse a request (intake validation, admission: 429 when th
 full) runs before the first write, so a refused request leaves nothing behind in Redis. The writes
 are one MULTI: image + job record + decode task + conversation (the task is an LPUSH onto the
 Celery queue, see ``shared.decode_task``; a text-only job has nothing to decode and is handed to
-inference instead, ``gateway.handoff``). A refused MULTI (EXECABORT: e.g. the broker refusing the
-LPUSH) wrote nothing: the job record alone is then written and failed, so the conversation is
-untouched, the job stays ``failed`` with ``error_code=queue_unavailable`` (a client polling it
-gets the reason) and the image bytes expire with their TTL.
+inference instead, ``gateway.handoff``). A MULTI refused when its commands were queued (EXECABORT:
+e.g. the broker refusing the LPUSH, Redis out of memory) wrote nothing: the image and the job
+record are then written alone and the job failed, so the conversation is untouched, the job stays
+``failed`` with ``error_code=queue_unavailable`` (a client polling it gets the reason) and the image
+bytes expire with their TTL. Any other failure of that MULTI (a lost reply, an error when it ran)
+may have applied some or all of it: the job is failed the same way (whatever stage has it then
+stops at its terminal state), and the conversation may hold the turn. Both answer 503
+``queue_unavailable``.
+
+The lookup and admission share a round trip, so a result-cache hit holds an admission place (and,
+interactive, the batch hold) for that round trip; its own MULTI gives the place back (should that
+MULTI fail, the sweeper drops the place, the hold expires).
 
 ``VLMQ_REDIS_MIN_REPLICAS`` > 0: the writes are two MULTIs, image + job record, then decode task
 + conversation, each followed by a WAIT on its connection (``ReplicatedPipeline``), so no task is
@@ -109,8 +117,6 @@ async def _write_and_enqueue(state: GatewayState, job: PreparedJob) -> tuple[str
     except Exception as exc:  # nothing was written (EXECABORT) or Redis is going: fail the job
         log.exception("enqueue failed for %s", spec.job_id)
         await _record_refused(state, job, f"could not enqueue the job: {exc}")
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-            raise  # the job store itself is away: 503 redis_unavailable (gateway.errors)
         raise _queue_unavailable() from exc
     handed_over = stream is not None and replies[handoff_at] == 1
     return as_str(replies[queued_at]), JobStatus.WAITING if handed_over else JobStatus.QUEUED

@@ -3,9 +3,9 @@
 The same two steps as the decode worker's hand-over (``worker.pipeline``): ``ROUTE_LUA`` names the
 live owner of the job's session KV (a read, before the MULTI), then ``HANDOFF_LUA`` moves the job
 from ``queued`` to ``waiting`` and adds its entry to the chosen stream, atomically, inside the
-caller's MULTI (with the conversation's writes). A gateway that dies between the job's first
-MULTI and this one leaves it ``queued``: the sweeper then gives it a decode task, which finds no
-image and hands it over the same way.
+caller's MULTI (with the job's and the conversation's writes; with replicas to wait for, a second
+MULTI after the record's). A gateway that dies between those two leaves it ``queued``: the sweeper
+then gives it a decode task, which finds no image and hands it over the same way.
 """
 
 from __future__ import annotations
