@@ -33,7 +33,8 @@ class EngineConfig:
     # steps in a row in which every sequence failed before the engine reports unhealthy (and its worker
     # exits to be restarted); a device error (CUDA error, device-side assert) is unhealthy at once
     max_failed_steps: int = 3
-    # GLM-4V text decoder as plain function calls over its own parameters (services/engine/lean_glm4v.py:
-    # bit-identical logits, less per-module overhead); off, or another architecture: the model's forward
+    # GLM-4V text decoder and vision tower as plain function calls over their own parameters
+    # (services/engine/lean_glm4v.py, lean_glm4v_vision.py: bit-identical logits and features, less
+    # per-module overhead); off, or another architecture: the model's forward
     lean_forward: bool = True
     priority_aging_s: float = 10.0  # a lower-priority request waiting this long is admitted as the first

@@ -1,14 +1,15 @@
 """The GLM-4V vision tower's forward without HF's per-module wrappers, and with what depends only on
-the images' grids computed once per grid.
+a picture's grid computed once per grid.
 
 The bundled model's tower is four small blocks over 36 patches a picture: most of its CPU is
 Python, not arithmetic (~60 module calls, HF's decorators, config attribute lookups), and a quarter
 of it rebuilds, for every call, what only the grid decides: the rotary angles, the attention
 segments and the bicubic interpolation of the position embeddings. Here the blocks run as plain
 calls over the model's own parameters and HF's own functions (rotary application, attention
-interface), and the grid's tensors come from HF's own code once per grid, so the features are
-bit-identical to ``get_image_features`` (tests/services/engine/test_lean_glm4v_vision.py: one and
-several images, several grids).
+interface), and a grid's tensors come from HF's own code once per grid (kept in a small LRU
+bounded in bytes; a call's pictures' tensors are concatenated), so the features are bit-identical
+to ``get_image_features`` (tests/services/engine/test_lean_glm4v_vision.py: one and several
+images, several grids).
 
 Used only where that holds: a ``Glm4vVisionModel`` with HF's block, norm and MLP classes, not
 training, no forward hook on it, and an attention implementation that splits by image (not flash
@@ -29,7 +30,7 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position
 
 from services.engine.lean_glm4v import _hooked, _Linear, _Norm
 
-GRIDS_KEPT = 64  # grid layouts whose tensors are kept (a fixed-size processor has one)
+GRID_CACHE_BYTES = 32 * 1024 * 1024  # grids' tensors kept (the bundled model's one grid: 28 KB)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,22 @@ class _Grid:
     rotary: tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per patch
     position_embeddings: torch.Tensor  # the interpolated absolute position embeddings, per patch
     lengths: list[int]  # patches per attention segment (a frame of a picture)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (*self.rotary, self.position_embeddings)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @staticmethod
+    def joined(grids: list[_Grid]) -> _Grid:
+        """Several pictures' tensors in order: what HF computes for them together (each patch's
+        values depend on its own picture's grid only)."""
+        if len(grids) == 1:
+            return grids[0]
+        cos = torch.cat([g.rotary[0] for g in grids])
+        sin = torch.cat([g.rotary[1] for g in grids])
+        table = torch.cat([g.position_embeddings for g in grids])
+        return _Grid((cos, sin), table, [n for g in grids for n in g.lengths])
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,7 @@ class LeanGlm4vVision:
         self._modules = list(visual.modules())
         self._grids: OrderedDict[tuple[Any, ...], _Grid] = OrderedDict()
         self._lock = threading.Lock()
+        self._cached_bytes = 0
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -139,36 +157,47 @@ class LeanGlm4vVision:
         return self.merger_down(merger.act_fn(self.merger_gate(hidden)) * self.merger_up(hidden))
 
     def _grid(self, grid_thw: torch.Tensor, hidden: torch.Tensor) -> _Grid:
-        """The grid layout's tensors, made by HF's own code the first time it is seen. Keyed also by
-        the position-embedding weight's version: an in-place change to it invalidates the entry.
-        The vision prefetcher and the engine thread may both be here: the table is locked."""
-        weight = self.visual.embeddings.position_embedding.weight
-        key = (tuple(map(tuple, grid_thw.tolist())), hidden.device, hidden.dtype, weight._version)
+        """The pictures' grid tensors, each grid's made by HF's own code the first time it is seen.
+        Keyed also by the position-embedding weight's version: an in-place change to it invalidates
+        the entries. The vision prefetcher and the engine thread may both be here: the table is
+        locked."""
+        version = self.visual.embeddings.position_embedding.weight._version
+        rows = [tuple(row) for row in grid_thw.tolist()]
+        return _Grid.joined([self._one_grid(row, grid_thw, hidden, version) for row in rows])
+
+    def _one_grid(
+        self, row: tuple[int, ...], grid_thw: torch.Tensor, hidden: torch.Tensor, version: int
+    ) -> _Grid:
+        key = (row, hidden.device, hidden.dtype, version)
         with self._lock:
             grid = self._grids.get(key)
             if grid is not None:
                 self._grids.move_to_end(key)
                 return grid
-        grid = self._make_grid(grid_thw, hidden)
-        with self._lock:
-            self._grids[key] = grid
-            while len(self._grids) > GRIDS_KEPT:
-                self._grids.popitem(last=False)
+        one = torch.tensor([row], dtype=grid_thw.dtype, device=grid_thw.device)
+        grid = self._make_grid(one, hidden.new_zeros(row[0] * row[1] * row[2], hidden.shape[-1]))
+        if grid.nbytes <= GRID_CACHE_BYTES // 4:  # a huge picture's tensors are made anew each time
+            with self._lock:
+                self._grids[key] = grid
+                self._cached_bytes += grid.nbytes
+                while self._cached_bytes > GRID_CACHE_BYTES:
+                    self._cached_bytes -= self._grids.popitem(last=False)[1].nbytes
         return grid
 
-    def _make_grid(self, grid_thw: torch.Tensor, hidden: torch.Tensor) -> _Grid:
+    def _make_grid(self, grid_thw: torch.Tensor, zeros: torch.Tensor) -> _Grid:
+        """HF's own tensors for ``grid_thw``; ``zeros``: (patches, width) on the tower's device."""
         visual = self.visual
         position_ids = get_vision_position_ids(grid_thw, visual.spatial_merge_size)
         cu_seqlens = get_vision_cu_seqlens(grid_thw)
         seqlens = cu_seqlens[1:] - cu_seqlens[:-1]
-        rotary = visual.rotary_pos_emb(hidden, position_ids)
+        rotary = visual.rotary_pos_emb(zeros, position_ids)
         # The embeddings module adds the interpolated table to its input: on zeros, that is the table.
         table = visual.embeddings(
-            torch.zeros_like(hidden),
+            zeros,
             seqlens,
             grid_thw,
-            position_ids[:, 0].to(hidden.device),
-            position_ids[:, 1].to(hidden.device),
+            position_ids[:, 0].to(zeros.device),
+            position_ids[:, 1].to(zeros.device),
         )
         return _Grid(rotary, table, seqlens.tolist())
 

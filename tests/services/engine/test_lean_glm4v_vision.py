@@ -109,3 +109,23 @@ def build_fresh_glm4v(tiny_models: dict[str, Any]) -> Any:
     import copy
 
     return copy.deepcopy(tiny_models["glm4v"][0])
+
+
+def test_the_grid_cache_stays_within_its_bytes(
+    tiny_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many grids (a dynamic-resolution processor's pictures): the kept tensors never pass the
+    budget, one grid too big for it is made anew each call, and the features stay exact."""
+    import services.engine.lean_glm4v_vision as lean_vision
+
+    model = tiny_models["glm4v"][0]
+    lean = LeanGlm4vVision(model)
+    one = lean._make_grid(torch.tensor([[1, 4, 4]]), torch.zeros(16, model.config.vision_config.hidden_size))
+    monkeypatch.setattr(lean_vision, "GRID_CACHE_BYTES", 3 * one.nbytes)
+    for side in (2, 4, 6, 8, 4, 10, 12):
+        pixels, grid = patches(model, [(1, side, 4), (1, 4, side)], side)
+        assert torch.equal(lean_features(lean, pixels, grid), hf_features(model, pixels, grid))
+        assert 0 < lean._cached_bytes <= lean_vision.GRID_CACHE_BYTES
+        assert lean._cached_bytes == sum(g.nbytes for g in lean._grids.values())
+    kept = [row for row, *_ in lean._grids]
+    assert kept and all(t * h * w <= 12 for t, h, w in kept)  # over a quarter of the budget: not kept
