@@ -123,7 +123,8 @@ async def _write_and_enqueue(state: GatewayState, job: PreparedJob) -> tuple[str
 
 
 async def _record_refused(state: GatewayState, job: PreparedJob, error: str) -> None:
-    """The job's record, failed: what a client holding its id finds (the conversation untouched)."""
+    """The job's record (and image), failed: what a client holding its id finds. The conversation
+    is not written here (a lost reply to the MULTI may still have written it: module docstring)."""
     try:
         await _write(state, job, None, conversation=False)
         await fail_job(state, job.spec.job_id, error)
