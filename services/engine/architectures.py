@@ -44,6 +44,9 @@ class Architecture:
         self.lean = LeanGlm4vText(model) if lean and LeanGlm4vText.supports(model) else None
         self.lean_vision = LeanGlm4vVision(model) if lean and LeanGlm4vVision.supports(model) else None
         self.quick_positions = self.grid and self._grid_positions_match()
+        config_layers = DynamicCache(config=self.config).layers  # the cache layers the config asks for
+        self._num_kv_layers = len(config_layers)
+        self._full_attention = all(type(layer) is DynamicLayer for layer in config_layers)
 
     @property
     def device(self) -> torch.device:
@@ -178,13 +181,20 @@ class Architecture:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids.to(self.device))
 
-    def make_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> DynamicCache:
-        """A DynamicCache holding ``layers`` as they are (no copy: the constructor's own path would cat)."""
-        cache = DynamicCache(config=self.config)
-        assert all(type(layer) is DynamicLayer for layer in cache.layers), "full-attention layers only"
-        growing = [GrowingLayer() for _ in cache.layers]  # decode steps append in place (no cat)
+    def make_cache(
+        self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None, filled: int | None = None
+    ) -> DynamicCache:
+        """A DynamicCache holding ``layers`` as they are (no copy: the constructor's own path would cat).
+        With ``filled``, the layers are buffers made for this cache (``spare_buffer``) whose first
+        ``filled`` columns hold the KV: later tokens are written into the rest."""
+        assert self._full_attention, "full-attention layers only"
+        cache = DynamicCache()  # not from the config: that reads it per layer (~0.1 ms), known already
+        growing = [GrowingLayer() for _ in range(self._num_kv_layers)]  # decode steps append in place
         cache.layers = list(growing)
         for layer, (k, v) in zip(growing, layers or [], strict=False):
+            if filled is not None:
+                layer.adopt(k, v, filled)
+                continue
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
         return cache

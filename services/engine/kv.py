@@ -5,7 +5,8 @@ Rows are aligned on the right: every decode step appends one column to all rows,
 end at the last column. Rows that joined later or are shorter have masked (zero) columns on the
 left; a row whose prefix came from a cache may also have a masked gap between prefix and suffix.
 Positions are per row and explicit, so columns never stand for positions; the mask alone says
-what attends to what. Membership changes (join, leave) copy the cache once; decode steps do not.
+what attends to what. Membership changes (join, leave) copy the cache once, into buffers with spare
+columns; decode steps write into those and copy nothing.
 """
 
 from __future__ import annotations
@@ -16,32 +17,32 @@ import torch
 from transformers import DynamicCache
 
 from services.engine.caches import KV
+from services.engine.kv_layer import HEADROOM, spare_buffer
 
 
-def pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, H, n, D) -> (B, H, length, D) with zero columns in front."""
-    n = t.shape[-2]
-    if n == length:
-        return t
-    out = t.new_zeros(*t.shape[:-2], length, t.shape[-1])
-    out[..., length - n :, :] = t
-    return out
-
-
-def stack_left(parts: list[torch.Tensor], length: int) -> torch.Tensor:
-    """Several (1, H, n_i, D) tensors -> (B, H, length, D), each right-aligned."""
-    if all(t.shape[-2] == length for t in parts):  # e.g. every row reuses the same system prompt
-        return torch.cat(parts)  # one op, not one a row: the values are the same
-    first = parts[0]
-    out = first.new_zeros(len(parts), first.shape[1], length, first.shape[-1])
-    for i, t in enumerate(parts):
-        n = t.shape[-2]
+def stack_left(parts: list[torch.Tensor], length: int, spare: int = 0) -> torch.Tensor:
+    """Tensors of (b_i, H, n_i, D) -> one (sum of b_i, H, length + spare, D) buffer: each part's rows
+    right-aligned in the first ``length`` columns, zeros in front (masked columns must hold finite
+    values); the ``spare`` columns after them are left uninitialised (for ``GrowingLayer.adopt``)."""
+    out = spare_buffer(parts[0], sum(p.shape[0] for p in parts), length, spare)
+    filled = out[..., :length, :]
+    if all(p.shape[-2] == length for p in parts):  # e.g. every row reuses the same system prompt
+        torch.cat(parts, out=filled)  # one op, not one a part
+        return out
+    row = 0
+    for part in parts:
+        rows, n = filled[row : row + part.shape[0]], part.shape[-2]
+        if n < length:
+            rows[..., : length - n, :].zero_()
         if n:
-            out[i, :, length - n :] = t[0]
+            rows[..., length - n :, :].copy_(part)
+        row += part.shape[0]
     return out
 
 
-CacheFactory = Callable[[list[tuple[torch.Tensor, torch.Tensor]]], DynamicCache]
+# (layers, filled): ``filled`` None: the layers' tensors as they are; else buffers made for the cache,
+# their first ``filled`` columns holding the KV (``Architecture.make_cache``)
+CacheFactory = Callable[[list[tuple[torch.Tensor, torch.Tensor]], "int | None"], DynamicCache]
 
 
 class BatchKV:
@@ -70,17 +71,14 @@ class BatchKV:
             self._padded = not bool(self.mask.all())
             return
         length = max(self.length, other.length)
-        layers = [
-            (
-                torch.cat([pad_left(k1, length), pad_left(k2, length)]),
-                torch.cat([pad_left(v1, length), pad_left(v2, length)]),
-            )
+        layers = [  # with spare columns: the next decode steps append without copying the cache again
+            (stack_left([k1, k2], length, HEADROOM), stack_left([v1, v2], length, HEADROOM))
             for (k1, v1), (k2, v2) in zip(self.layers(), other.layers(), strict=True)
         ]
         self.mask = torch.cat([_pad_mask(self.mask, length), _pad_mask(other.mask, length)])
         self._padded = not bool(self.mask.all())
         self.ids = self.ids + other.ids
-        self.cache = self.make_cache(layers)
+        self.cache = self.make_cache(layers, length)
 
     def remove(self, ids: set[str]) -> None:
         """Drop rows, then columns no remaining row uses (leading padding)."""
@@ -108,14 +106,12 @@ class BatchKV:
         idx = torch.tensor(keep)
         mask = self.mask[idx]
         first = int(mask.any(0).nonzero()[0])
-        dev = self.layers()[0][0].device
-        layers = [
-            (k.index_select(0, idx.to(dev))[:, :, first:], v.index_select(0, idx.to(dev))[:, :, first:])
-            for k, v in self.layers()
-        ]
+        idx = idx.to(self.layers()[0][0].device)
+        length = self.length - first
+        layers = [(_select_rows(k, idx, first), _select_rows(v, idx, first)) for k, v in self.layers()]
         self.mask = mask[:, first:]
         self._padded = not bool(self.mask.all())
-        self.cache = self.make_cache(layers)
+        self.cache = self.make_cache(layers, length)
 
     def extract(self, rid: str, n_tokens: int) -> KV:
         """One row's KV without padding: its last ``n_tokens`` real columns, as owned tensors."""
@@ -142,6 +138,13 @@ class BatchKV:
 def cache_layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per-layer (keys, values) of a full-attention DynamicCache."""
     return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
+
+
+def _select_rows(t: torch.Tensor, rows: torch.Tensor, first: int) -> torch.Tensor:
+    """Rows ``rows`` from column ``first`` on, written into a buffer with spare columns."""
+    out = spare_buffer(t, len(rows), t.shape[-2] - first)
+    torch.index_select(t[:, :, first:], 0, rows, out=out[..., : t.shape[-2] - first, :])
+    return out
 
 
 def _pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -6,7 +6,10 @@ step's CPU, most of it first-touch page faults of the new allocations, not the c
 keeps a buffer with ``HEADROOM`` spare columns and writes new tokens into it; ``keys``/``values``
 are views of the filled part, so readers see exactly what a concatenation would give (same values,
 same shape), and a step copies only its own new columns. The buffer is reallocated (one copy)
-when it is full or when ``keys`` was replaced from outside (``make_cache`` adopting tensors, crop).
+when it is full or when ``keys`` was replaced from outside (``make_cache`` given tensors, crop).
+Whoever builds a new cache from old rows (a prefill on cached prefixes, rows joining or leaving the
+batch) writes them into a ``spare_buffer`` the layer ``adopt``s: its next steps append in place
+instead of copying the cache again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ class GrowingLayer(DynamicLayer):
         self._filled = filled + new
         return self.keys, self.values
 
+    def adopt(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, filled: int) -> None:
+        """Own these buffers, whose first ``filled`` columns hold the KV (the rest is spare): the next
+        updates write into them without a copy. For buffers made for this layer (``spare_buffer``),
+        never for tensors others still read (a cache entry's, whose later columns are not spare)."""
+        self.lazy_initialization(key_buffer, value_buffer)
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.keys = key_buffer[..., :filled, :]
+        self.values = value_buffer[..., :filled, :]
+        self._filled = filled
+
     def _fits(self, length: int, key_states: torch.Tensor) -> bool:
         """The buffer holds ``length`` columns and ``keys`` is still its filled part (not replaced)."""
         buf, keys = self._key_buffer, self.keys
@@ -54,6 +67,11 @@ class GrowingLayer(DynamicLayer):
             return buf.shape[:-2] == key_states.shape[:-2] and buf.shape[-1] == key_states.shape[-1]
         same_view = keys.data_ptr() == buf.data_ptr() and keys.stride() == buf.stride()
         return same_view and keys.shape[:-2] == buf.shape[:-2] and keys.shape[-2] == self._filled
+
+
+def spare_buffer(like: torch.Tensor, rows: int, filled: int, spare: int = HEADROOM) -> torch.Tensor:
+    """An uninitialised (rows, heads, filled + spare, head_dim) buffer like ``like``, for ``adopt``."""
+    return like.new_empty(rows, like.shape[1], filled + spare, like.shape[-1])
 
 
 def _grown(old: torch.Tensor, filled: int, new: torch.Tensor) -> torch.Tensor:

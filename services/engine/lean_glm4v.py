@@ -4,8 +4,9 @@ A decode step of the bundled model spends most of its CPU outside arithmetic: ``
 dispatch (~60 module calls a step), HF's decorators (kwarg deprecation, output capture, config
 defaults), per-layer attention-interface lookups and output dataclasses. This runs the decoder
 layers as plain function calls over the model's own parameters and HF's own functions (causal mask,
-rotary embedding, rotary application, attention interface), so the logits are bit-identical to the
-model's forward (tests/services/engine/test_lean_glm4v.py checks prefill and decode, padded rows).
+rotary embedding, attention interface; the rotary application and a masked SDPA call regrouped
+exactly, see ``_Rotary`` and ``_masked_sdpa``), so the logits are bit-identical to the model's
+forward (tests/services/engine/test_lean_glm4v.py checks prefill and decode, padded rows).
 
 Used only where that holds: a ``Glm4vTextModel`` whose RMSNorms and MLPs are HF's classes, and, at
 each forward, no forward hook anywhere in the language model (bf16-mixed mode casts through hooks; a
@@ -36,6 +37,7 @@ class LeanGlm4vText:
         self.norm = _Norm.of(self.text.norm)
         self.layers = [_Layer.of(layer) for layer in self.text.layers]  # plain fields: no module lookups
         self._modules = [*self.text.modules(), *model.lm_head.modules()]
+        self._swaps = _PairSwaps()
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -63,11 +65,14 @@ class LeanGlm4vText:
         causal_mask = create_causal_mask(
             config=text.config, inputs_embeds=embeds, attention_mask=mask, cache=cache, position_ids=None
         )
-        rotary = text.rotary_emb(embeds, position_ids=positions)
+        cos, sin = text.rotary_emb(embeds, position_ids=positions)
+        rotary = _Rotary.of(cos, sin, self._swaps)
         # looked up per forward, as HF does: the model's attention implementation may be switched
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
-            text.config._attn_implementation, glm.eager_attention_forward
-        )
+        implementation = text.config._attn_implementation
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, glm.eager_attention_forward)
+        if implementation == "sdpa" and _shared_bool_mask(causal_mask):
+            attention = _masked_sdpa  # HF's SDPA call without its per-call work; the mask converted once
+            causal_mask = _additive(causal_mask, embeds.dtype)
         step = _Step(rotary, causal_mask, cache, attention)
         hidden = embeds
         for layer in self.layers:
@@ -80,7 +85,7 @@ class LeanGlm4vText:
 class _Step:
     """What every layer of one forward shares."""
 
-    rotary: Any  # (cos, sin) of the M-RoPE positions
+    rotary: _Rotary  # of the M-RoPE positions
     mask: torch.Tensor | None
     cache: DynamicCache
     attention: Any  # HF's attention interface for the model's implementation
@@ -112,12 +117,86 @@ def _attend(layer: _Layer, hidden: torch.Tensor, step: _Step) -> torch.Tensor:
     query = query.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
     key = key.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
     value = value.view(bsz, q_len, -1, layer.head_dim).transpose(1, 2)
-    cos, sin = step.rotary
-    query, key = glm.apply_rotary_pos_emb(query, key, cos, sin)
+    query, key = step.rotary.apply(query), step.rotary.apply(key)
     key, value = step.cache.update(key, value, layer.index)
-    out, _ = step.attention(layer.attn, query, key, value, step.mask, dropout=0.0, scaling=layer.scaling)
+    if step.attention is _masked_sdpa:
+        out, _ = _masked_sdpa(layer, query, key, value, step.mask)
+    else:
+        out, _ = step.attention(layer.attn, query, key, value, step.mask, dropout=0.0, scaling=layer.scaling)
     out = out.reshape(bsz, q_len, -1).contiguous()
     return layer.o(out)
+
+
+def _shared_bool_mask(mask: torch.Tensor | None) -> bool:
+    """A boolean (B, 1, q, kv) mask, the same for every head: what ``_masked_sdpa`` takes."""
+    return mask is not None and mask.dtype == torch.bool and mask.ndim == 4 and mask.shape[1] == 1
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask as SDPA turns it into scores to add (0 / -inf, in the query dtype) on every
+    call: once a forward instead of once a layer."""
+    scores = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return scores.masked_fill_(mask.logical_not(), float("-inf"))
+
+
+def _masked_sdpa(
+    layer: _Layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, None]:
+    """HF's ``sdpa_attention_forward`` for a masked call (``_shared_bool_mask``, made additive), the
+    same kernel on the same numbers: one query token packs its query heads on the key/value heads as
+    HF's ``pack_gqa`` does; longer queries let SDPA map query heads to key/value heads
+    (``enable_gqa``) instead of copying the keys and values per query head (``repeat_kv``), which
+    feeds the kernel the same numbers (the bit-identity test checks a padded prefill)."""
+    q_len, groups = query.shape[2], layer.kv_groups
+    gqa = groups > 1 and q_len > 1
+    if groups > 1 and q_len == 1:
+        query = query.reshape(query.shape[0], query.shape[1] // groups, groups, query.shape[-1])
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False, enable_gqa=gqa
+    )
+    out = out.reshape(out.shape[0], -1, q_len, value.shape[-1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class _Rotary:
+    """HF's ``apply_rotary_pos_emb`` for one forward, with what its layers share made once.
+
+    HF computes ``x_rot * cos + rotate_half_llm(x_rot) * sin`` on the first ``cos.shape[-1]`` channels
+    and concatenates the rest. ``rotate_half_llm`` swaps each channel pair and negates the first of
+    each: ``x_rot[..., swap] * sign``. Since ``(-a) * s == a * (-s)`` exactly in IEEE arithmetic, the
+    sign goes into ``sin`` once per forward, and each call is one ``index_select`` and the same
+    multiplications and addition: bit-identical, half the ops (each layer rotates queries and keys)."""
+
+    cos: torch.Tensor  # (B, 1, q, rotary_dim)
+    signed_sin: torch.Tensor  # sin with each pair's first channel negated
+    swap: torch.Tensor  # channel order [1, 0, 3, 2, ...]
+
+    @staticmethod
+    def of(cos: torch.Tensor, sin: torch.Tensor, swaps: _PairSwaps) -> _Rotary:
+        swap, sign = swaps.get(cos.shape[-1], cos.device, cos.dtype)
+        return _Rotary(cos.unsqueeze(1), sin.unsqueeze(1) * sign, swap)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        dim = self.cos.shape[-1]
+        x_rot, x_pass = x[..., :dim], x[..., dim:]
+        x_embed = (x_rot * self.cos) + (x_rot.index_select(-1, self.swap) * self.signed_sin)
+        return torch.cat([x_embed, x_pass], dim=-1)
+
+
+class _PairSwaps:
+    """The channel-pair swap and sign of ``rotate_half_llm`` per (width, device, dtype), made once."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, dim: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (dim, device, dtype)
+        if key not in self._made:
+            swap = torch.arange(dim, device=device).view(-1, 2).flip(-1).flatten()
+            sign = torch.tensor([-1.0, 1.0] * (dim // 2), device=device, dtype=dtype)
+            self._made[key] = (swap, sign)
+        return self._made[key]
 
 
 @dataclass(frozen=True)
@@ -153,10 +232,11 @@ class _Norm:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """``Glm4vRMSNorm.forward``, op for op."""
         input_dtype = hidden.dtype
-        hidden = hidden.to(torch.float32)
+        fp32 = input_dtype == torch.float32  # ``.to`` is a dispatched op even when it changes nothing
+        hidden = hidden if fp32 else hidden.to(torch.float32)
         variance = hidden.pow(2).mean(-1, keepdim=True)
         hidden = hidden * torch.rsqrt(variance + self.eps)
-        return self.weight * hidden.to(input_dtype)
+        return self.weight * (hidden if fp32 else hidden.to(input_dtype))
 
 
 @dataclass(frozen=True)
@@ -166,6 +246,7 @@ class _Layer:
     attn: Any  # the attention module: the attention interface reads its settings
     index: int
     head_dim: int
+    kv_groups: int  # query heads per key/value head
     scaling: float
     q: _Linear
     k: _Linear
@@ -187,6 +268,7 @@ class _Layer:
             attn=attn,
             index=attn.layer_idx,
             head_dim=attn.head_dim,
+            kv_groups=attn.num_key_value_groups,
             scaling=attn.scaling,
             q=_Linear.of(attn.q_proj),
             k=_Linear.of(attn.k_proj),

@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from services.engine.api import ImageInput
 from services.engine.architectures import Architecture
 from services.engine.caches import KV, ImageCache, KVEntry, PrefixCache, SessionCache
 from services.engine.kv import BatchKV, cache_layers, stack_left
+from services.engine.kv_layer import HEADROOM
 from services.engine.sequence import Prompt, Sequence
 from services.engine.vision import VisionPrefetcher
 
@@ -58,7 +60,7 @@ class ModelRunner:
             [self._suffix_positions(s.prompt, s.num_cached_tokens, suffix) for s in seqs], -2
         )
         mask = torch.stack([self._row_mask(s, cached, suffix) for s in seqs])
-        cache = self.arch.make_cache(self._stack_prefixes(reused, cached) if cached else None)
+        cache = self._prefix_cache(reused, cached, suffix)
         logits = self.arch.forward(embeds, mask, positions, cache)
         new = BatchKV(self.arch.make_cache)
         new.ids, new.cache, new.mask = [s.id for s in seqs], cache, mask
@@ -90,16 +92,24 @@ class ModelRunner:
             seq.shared_kv = entry.head(min(m, entry.shared_len))  # the session's views of one
         return entry.head(m)
 
+    def _prefix_cache(self, reused: list[KV | None], cached: int, suffix: int) -> DynamicCache:
+        """The rows' cached prefixes, in buffers with room for the suffix (the forward appends it in
+        place) and for decode steps after it."""
+        if not cached:
+            return self.arch.make_cache(None)
+        return self.arch.make_cache(self._stack_prefixes(reused, cached, suffix), cached)
+
     def _stack_prefixes(
-        self, reused: list[KV | None], length: int
+        self, reused: list[KV | None], length: int, suffix: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         ref = next(kv for kv in reused if kv)
         empty = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
         rows = [kv or empty for kv in reused]
-        return [
-            (stack_left([r[i][0] for r in rows], length), stack_left([r[i][1] for r in rows], length))
-            for i in range(len(ref))
+        spare = suffix + HEADROOM
+        stacked = [
+            [stack_left([r[i][kv] for r in rows], length, spare) for kv in (0, 1)] for i in range(len(ref))
         ]
+        return [(k, v) for k, v in stacked]
 
     def _image_features(self, seqs: list[Sequence]) -> dict[str, torch.Tensor]:
         """Features by digest for every image that lies (partly) in an uncached suffix: from the image
@@ -188,6 +198,8 @@ class ModelRunner:
 
     # --- leaving ----------------------------------------------------------------------------------
     def release(self, seqs: list[Sequence], save_session: list[bool]) -> None:
+        if not seqs:  # called after every step, mostly with nobody leaving
+            return
         for seq, save in zip(seqs, save_session, strict=True):
             holder = self.parked if seq.id in self.parked.ids else self.batch
             if save and self.caches.session is not None and seq.request.session_id and seq.id in holder.ids:

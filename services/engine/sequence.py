@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -39,9 +40,10 @@ class Prompt:
     positions: torch.Tensor  # (3, N) M-RoPE or (N,)
     spans: list[ImageSpan]
 
-    @property
+    @functools.cached_property
     def next_position(self) -> int:
-        """Position of the first generated token (text continues after the highest position)."""
+        """Position of the first generated token (text continues after the highest position). Read
+        every decode step: computed once (a tensor max was ~7 % of a bundled-model decode step)."""
         return int(self.positions.max()) + 1
 
 

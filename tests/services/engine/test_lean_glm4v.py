@@ -57,3 +57,28 @@ def test_other_architectures_keep_the_model_forward(tiny_models: dict[str, tuple
     for name in ("qwen2_vl", "llava"):
         assert Architecture(*tiny_models[name], lean=True).lean is None
     assert Architecture(*tiny_models["glm4v"], lean=True).lean is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [16, 32])
+def test_regrouped_rotary_is_bit_identical_to_hf(dtype: torch.dtype, rotary_dim: int) -> None:
+    """The sign folded into ``sin`` and the pair swap as an ``index_select`` give HF's exact bits,
+    on partial and full rotary widths, with negative zeros and large values in the mix."""
+    from transformers.models.glm4v import modeling_glm4v as glm
+
+    from services.engine.lean_glm4v import _PairSwaps, _Rotary
+
+    g = torch.Generator().manual_seed(1)
+    q = (torch.randn(3, 4, 7, 32, generator=g) * 1e3).to(dtype)
+    k = torch.randn(3, 2, 7, 32, generator=g).to(dtype)
+    q[0, 0, 0, :4] = -0.0
+    cos = torch.randn(3, 7, rotary_dim, generator=g).to(dtype)
+    sin = torch.randn(3, 7, rotary_dim, generator=g).to(dtype)
+    want_q, want_k = glm.apply_rotary_pos_emb(q, k, cos, sin)
+    rotary = _Rotary.of(cos, sin, _PairSwaps())
+    for got, want in ((rotary.apply(q), want_q), (rotary.apply(k), want_k)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(
+            got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+            want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+        )

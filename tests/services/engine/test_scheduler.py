@@ -78,11 +78,17 @@ def test_cap_fifo_cancel_and_deadlines():
     assert seqs[0].status is Status.FINISHED and len(s.running) == 2
 
 
+def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]], filled: int | None) -> DynamicCache:
+    """A plain DynamicCache of ``layers`` (their first ``filled`` columns where given)."""
+    cut = slice(None) if filled is None else slice(filled)
+    return DynamicCache(ddp_cache_data=[(k[..., cut, :], v[..., cut, :]) for k, v in layers])
+
+
 def _kv(rows: list[list[float]], prefix: str) -> BatchKV:
     """A 1-layer batch whose keys hold each row's token values (heads=1, dim=1), right-aligned."""
     length = max(len(r) for r in rows)
     keys = stack_left([torch.tensor(r).view(1, 1, -1, 1) for r in rows], length)
-    b = BatchKV(lambda layers: DynamicCache(ddp_cache_data=layers))
+    b = BatchKV(_cache)
     b.ids = [f"{prefix}{i}" for i in range(len(rows))]
     b.cache = DynamicCache(ddp_cache_data=[(keys, keys.clone())])
     b.mask = torch.stack([torch.arange(length) >= length - len(r) for r in rows])
@@ -193,8 +199,17 @@ def test_stack_left_right_aligns_rows_of_any_lengths() -> None:
     g = torch.Generator().manual_seed(0)
     for lengths in ([5, 5, 5], [5, 3, 0, 5]):
         parts = [torch.randn(1, 2, n, 4, generator=g) for n in lengths]
-        out = stack_left(parts, 5)
+        out = stack_left(parts, 5, spare=3)[..., :5, :]  # spare columns after the filled ones
         assert out.shape == (len(lengths), 2, 5, 4)
         for row, (part, n) in enumerate(zip(parts, lengths, strict=True)):
             assert torch.equal(out[row, :, 5 - n :], part[0])
             assert not out[row, :, : 5 - n].any()
+
+
+def test_stack_left_takes_parts_of_several_rows() -> None:
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(2, 2, 5, 4, generator=g), torch.randn(3, 2, 2, 4, generator=g)
+    out = stack_left([a, b], 5, spare=4)
+    assert out.shape == (5, 2, 9, 4)
+    assert torch.equal(out[:2, :, :5], a) and torch.equal(out[2:, :, 3:5], b)
+    assert not out[2:, :, :3].any()
