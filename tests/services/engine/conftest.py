@@ -11,8 +11,17 @@ import torch
 
 from bench.common import build_model, bundled_is_random, load_bundled
 from services.engine import Engine, EngineConfig
+from services.engine.caches import BoundedCache
 
 torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cache_checksums() -> Iterator[None]:
+    """Every cache put records a checksum here, so ``check_integrity`` proves stored tensors unchanged."""
+    BoundedCache.record_checksums = True
+    yield
+    BoundedCache.record_checksums = False
 
 
 @pytest.fixture(scope="session")
