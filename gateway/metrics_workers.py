@@ -26,6 +26,7 @@ ENGINE_COUNTERS = {  # CounterMetricFamily adds the _total
     "steps": ("vlmq_engine_steps", "Engine steps (prefill and decode)"),
     "prefill_steps": ("vlmq_engine_prefill_steps", "Engine steps that ran a prefill"),
     "decode_steps": ("vlmq_engine_decode_steps", "Engine steps that ran a decode batch"),
+    "mixed_steps": ("vlmq_engine_mixed_steps", "Prefill steps whose forward also stepped running sequences"),
     "prompt_tokens": ("vlmq_prompt_tokens", "Prompt tokens of sequences that produced a first token"),
     "cached_tokens": ("vlmq_prompt_tokens_cached", "Prompt tokens served from the prefix or session cache"),
     "generated_tokens": ("vlmq_generation_tokens", "Tokens generated"),

@@ -18,6 +18,10 @@ class EngineConfig:
     # waiters fill them: one prefill of several instead of one per finished sequence (each stops every
     # decode); 0: half the batch, 1: refill every free slot at once
     prefill_min_free: int = 0
+    # a prefill steps the running sequences in its own forward (their one token padded to the prompts'
+    # width) while that padding stays within this many token columns (rows x (width - 1)): a few
+    # padded columns cost less than a decode step of their own; 0: never
+    mix_padding_tokens: int = 64
     max_context_tokens: int = 2048
     max_new_tokens_limit: int = 512
     prefix_cache: bool = True

@@ -58,7 +58,9 @@ class Engine:
             self.config.priority_aging_s,
             self.config.prefill_min_free or max(1, max_batch // 2),
         )
-        self.runner = ModelRunner(self.arch, self._make_caches())
+        self.runner = ModelRunner(
+            self.arch, self._make_caches(), mix_padding_tokens=self.config.mix_padding_tokens
+        )
         self._stats = EngineStats(max_batch=max_batch)
         self._cv = threading.Condition()
         self._inbox: list[Sequence] = []
@@ -402,7 +404,7 @@ class Engine:
             self._stats.prefill_steps += 1
             with self._cv:  # stats() copies these dicts under the same lock
                 self._stats.prefill_sizes[len(seqs)] = self._stats.prefill_sizes.get(len(seqs), 0) + 1
-            return self._prefill_isolated(seqs)
+            return self._prefill_isolated(seqs, batch.decode)
         self._stats.decode_steps += 1
         with self._cv:  # stats() copies these dicts under the same lock
             self._stats.batch_sizes[len(seqs)] = self._stats.batch_sizes.get(len(seqs), 0) + 1
@@ -413,22 +415,30 @@ class Engine:
             self.runner.reset()
             return torch.empty(0), [], [(seq, exc) for seq in seqs]
 
-    def _prefill_isolated(self, seqs: list[Sequence]) -> tuple[torch.Tensor, list[Sequence], Failed]:
-        """Batched prefill; if it fails, retry one by one so only the culprit fails. (The running rows'
-        KV is untouched: new rows join it only after their forward.)"""
+    def _prefill_isolated(
+        self, seqs: list[Sequence], stepping: list[Sequence]
+    ) -> tuple[torch.Tensor, list[Sequence], Failed]:
+        """Batched prefill, the running ``stepping`` rows taking their next token in the same forward
+        where that pays (the runner decides); if it fails, retry the prompts one by one so only the
+        culprit fails. (The running rows' KV is untouched: a prefill replaces the batch only after its
+        forward; rows not stepped take their token in a later step.)"""
         try:
-            return self.runner.prefill(seqs), seqs, []
+            rows, logits = self.runner.prefill(seqs, stepping)
+            self._stats.mixed_steps += len(rows) > len(seqs)
+            return logits, rows, []
         except Exception as exc:
-            if len(seqs) == 1 or _is_device_error(exc):  # nothing to isolate, or nothing will run
+            if (len(seqs) == 1 and not stepping) or _is_device_error(exc):  # nothing to isolate, or to run
                 return torch.empty(0), [], [(seq, exc) for seq in seqs]
-        ok, rows, failed = [], [], []
+        ok: list[Sequence] = []
+        logit_rows: list[torch.Tensor] = []
+        failed: Failed = []
         for seq in seqs:
             try:
-                rows.append(self.runner.prefill([seq]))
+                logit_rows.append(self.runner.prefill([seq])[1])
                 ok.append(seq)
             except Exception as exc:
                 failed.append((seq, exc))
-        return (torch.cat(rows) if rows else torch.empty(0)), ok, failed
+        return (torch.cat(logit_rows) if logit_rows else torch.empty(0)), ok, failed
 
     def _end_step(self, failed: Failed, ran: bool) -> None:
         """Count the step, then fail its failed sequences: a listener told of the failure already sees

@@ -53,6 +53,14 @@ class BatchKV:
         self.mask = torch.zeros(0, 0, dtype=torch.bool)
         self._padded = False  # any masked column in any row (changes only when rows join or leave)
 
+    @classmethod
+    def of(cls, make_cache: CacheFactory, ids: list[str], cache: DynamicCache, mask: torch.Tensor) -> BatchKV:
+        """A batch of these rows, ``cache`` holding their KV and ``mask`` its real columns."""
+        batch = cls(make_cache)
+        batch.ids, batch.cache, batch.mask = ids, cache, mask
+        batch._padded = not bool(mask.all())
+        return batch
+
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -128,6 +136,13 @@ class BatchKV:
     def append_column(self) -> None:
         """Before a decode step: every row gets one more real column."""
         self.mask = torch.cat([self.mask, torch.ones(len(self.ids), 1, dtype=torch.bool)], dim=1)
+
+    def stepped_mask(self, length: int, width: int) -> torch.Tensor:
+        """The rows' mask padded on the left to ``length`` columns, then ``width`` more of which only
+        the last is real: a step's token among a prefill's ``width`` columns."""
+        step = torch.zeros(len(self.ids), width, dtype=torch.bool)
+        step[:, -1] = True
+        return torch.cat([_pad_mask(self.mask, length), step], dim=1)
 
     def decode_mask(self) -> torch.Tensor | None:
         """Attention mask for a one-token step: None when no row has padding (what an unpadded run

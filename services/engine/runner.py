@@ -38,37 +38,87 @@ class Caches:
 
 class ModelRunner:
     def __init__(
-        self, arch: Architecture, caches: Caches, prefetcher: VisionPrefetcher | None = None
+        self,
+        arch: Architecture,
+        caches: Caches,
+        prefetcher: VisionPrefetcher | None = None,
+        mix_padding_tokens: int = 0,
     ) -> None:
         self.arch = arch
+        self.mix_padding_tokens = mix_padding_tokens  # see ``EngineConfig``
         self.caches = caches
         self.prefetcher = prefetcher
         self.batch = BatchKV(arch.make_cache)  # the running rows each decode steps
         self.parked = BatchKV(arch.make_cache)  # running rows not stepped now (paused batch work)
 
     # --- prefill ----------------------------------------------------------------------------------
-    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits (len(seqs), V) of each prompt's last token; the sequences join the batch."""
+    def prefill(
+        self, seqs: list[Sequence], stepping: list[Sequence] | None = None
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """Logits of each prompt's last token; the sequences join the batch. ``stepping``: running
+        sequences that may take their next token in the same forward (``_mixes``): their one new
+        token is padded on the left to the prompts' width. Returns (rows, logits (rows, V)): the
+        stepped sequences in batch order (none where the padding would cost too much), then ``seqs``."""
         reused = [self._reuse(s) for s in seqs]
         t0 = time.perf_counter()
         feats = self._image_features(seqs)
         t1 = time.perf_counter()
-        cached = max(s.num_cached_tokens for s in seqs)
-        suffix = max(s.num_prompt_tokens - s.num_cached_tokens for s in seqs)
-        embeds = torch.stack([self._suffix_embeds(s, feats, suffix) for s in seqs])
+        width = max(s.num_prompt_tokens - s.num_cached_tokens for s in seqs)
+        stepped = self._stepped_rows(stepping) if stepping and self._mixes(stepping, width) else []
+        cached = max([s.num_cached_tokens for s in seqs] + ([self.batch.length] if stepped else []))
+        embeds = torch.stack([self._suffix_embeds(s, feats, width) for s in seqs])
         positions = torch.stack(
-            [self._suffix_positions(s.prompt, s.num_cached_tokens, suffix) for s in seqs], -2
+            [self._suffix_positions(s.prompt, s.num_cached_tokens, width) for s in seqs], -2
         )
-        mask = torch.stack([self._row_mask(s, cached, suffix) for s in seqs])
-        cache = self._prefix_cache(reused, cached, suffix)
+        mask = torch.stack([self._row_mask(s, cached, width) for s in seqs])
+        if stepped:
+            embeds, positions, mask = self._with_steps(stepped, width, cached, embeds, positions, mask)
+        cache = self._prefix_cache(reused, cached, width, lead=self.batch.layers() if stepped else None)
         logits = self.arch.forward(embeds, mask, positions, cache)
-        new = BatchKV(self.arch.make_cache)
-        new.ids, new.cache, new.mask = [s.id for s in seqs], cache, mask
-        self.batch.merge(new)
+        new = BatchKV.of(self.arch.make_cache, [s.id for s in stepped + seqs], cache, mask)
+        if stepped:
+            self.batch = new  # the stepped rows' KV was copied into the new cache, with the new rows'
+        else:
+            self.batch.merge(new)
         t2 = time.perf_counter()
         for s in seqs:
             s.vision_s, s.prefill_s = t1 - t0, t2 - t1
-        return logits
+        return stepped + seqs, logits
+
+    def _mixes(self, stepping: list[Sequence], width: int) -> bool:
+        """Step the running rows in the prefill's forward while their padding (``width - 1`` columns
+        a row) stays within ``mix_padding_tokens``: one forward instead of a prefill that stalls them
+        and a decode step of their own after it."""
+        return len(stepping) * (width - 1) <= self.mix_padding_tokens
+
+    def _stepped_rows(self, stepping: list[Sequence]) -> list[Sequence]:
+        """The running rows to step, in batch order (others parked, as ``decode`` does)."""
+        self._park_all_but({s.id for s in stepping})
+        by_id = {s.id: s for s in stepping}
+        return [by_id[rid] for rid in self.batch.ids]
+
+    def _with_steps(
+        self,
+        rows: list[Sequence],
+        width: int,
+        length: int,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The running rows' next tokens in front of the prompts' rows: each its last sampled token
+        right-aligned in ``width`` columns after its KV (``length`` columns), the rest padding."""
+        tokens = self.arch.embed(torch.tensor([s.output_ids[-1] for s in rows]))[:, None]
+        pad = tokens.new_zeros(len(rows), width - 1, tokens.shape[-1])
+        at = torch.tensor([s.last_position for s in rows])[:, None]
+        pos = torch.cat([at.new_zeros(len(rows), width - 1), at], dim=-1)
+        pos = pos.expand(3, -1, -1) if positions.ndim == 3 else pos
+        step_mask = self.batch.stepped_mask(length, width)
+        return (
+            torch.cat([torch.cat([pad, tokens], dim=1), embeds]),
+            torch.cat([pos, positions], dim=-2),
+            torch.cat([step_mask, mask]),
+        )
 
     def _reuse(self, seq: Sequence) -> KV | None:
         """The longest cached KV prefix of this prompt (session or system prompt), sliced to length.
@@ -92,19 +142,22 @@ class ModelRunner:
             seq.shared_kv = entry.head(min(m, entry.shared_len))  # the session's views of one
         return entry.head(m)
 
-    def _prefix_cache(self, reused: list[KV | None], cached: int, suffix: int) -> DynamicCache:
-        """The rows' cached prefixes, in buffers with room for the suffix (the forward appends it in
-        place) and for decode steps after it."""
+    def _prefix_cache(
+        self, reused: list[KV | None], cached: int, suffix: int, lead: KV | None = None
+    ) -> DynamicCache:
+        """The rows' cached prefixes (after ``lead``, the stepped running rows' KV), in buffers with
+        room for the suffix (the forward appends it in place) and for decode steps after it."""
         if not cached:
             return self.arch.make_cache(None)
-        return self.arch.make_cache(self._stack_prefixes(reused, cached, suffix), cached)
+        return self.arch.make_cache(self._stack_prefixes(reused, cached, suffix, lead), cached)
 
+    @staticmethod
     def _stack_prefixes(
-        self, reused: list[KV | None], length: int, suffix: int
+        reused: list[KV | None], length: int, suffix: int, lead: KV | None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        ref = next(kv for kv in reused if kv)
-        empty = [(k[:, :, :0], v[:, :, :0]) for k, v in ref]
-        rows = [kv or empty for kv in reused]
+        ref = lead or next(kv for kv in reused if kv)
+        empty = [(k[:1, :, :0], v[:1, :, :0]) for k, v in ref]
+        rows = ([lead] if lead else []) + [kv or empty for kv in reused]
         spare = suffix + HEADROOM
         stacked = [
             [stack_left([r[i][kv] for r in rows], length, spare) for kv in (0, 1)] for i in range(len(ref))

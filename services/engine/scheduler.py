@@ -14,7 +14,9 @@
    they are not admitted while an interactive sequence runs or waits: a prefill step stops every
    decode, so batch prefills would stall the interactive sequence's tokens (they join once it
    ends, or once they have aged).
-   Admitted sequences are prefilled together this step.
+   Admitted sequences are prefilled together this step; the running sequences that would decode
+   (3.) are offered to the same forward (``ScheduledBatch.decode``: the runner steps them in it while
+   their padding stays within ``mix_padding_tokens``, else the prefill stalls them a step).
 3. Otherwise decode the running sequences; batch-priority ones (not aged) pause while an
    interactive sequence runs (the runner parks their KV), and resume when it ends.
 
@@ -69,8 +71,9 @@ class Scheduler:
         batch = ScheduledBatch(dropped=self._drop(time.time()))
         now = time.monotonic()
         batch.prefill = self._admit(now)
-        if not batch.prefill:
-            batch.decode = self._stepped(now)
+        # with a prefill: the running rows that would step, offered to its forward (the runner mixes
+        # them in where that pays; otherwise the prefill stalls them for a step)
+        batch.decode = [s for s in self._stepped(now) if s not in batch.prefill]
         return batch
 
     def drop(self) -> ScheduledBatch:

@@ -17,6 +17,7 @@ class EngineStats:
     steps: int = 0
     prefill_steps: int = 0
     decode_steps: int = 0
+    mixed_steps: int = 0  # prefill steps whose forward also stepped running sequences
     batch_sizes: dict[int, int] = field(default_factory=dict)  # decode batch size -> steps
     prefill_sizes: dict[int, int] = field(default_factory=dict)  # sequences prefilled together -> steps
     forward_cpu_s: float = 0.0  # engine-thread CPU inside prefill/decode (vision, forwards, KV)

@@ -36,6 +36,7 @@ COUNTERS = {
     "vlmq_engine_steps",
     "vlmq_engine_prefill_steps",
     "vlmq_engine_decode_steps",
+    "vlmq_engine_mixed_steps",
     "vlmq_prompt_tokens",
     "vlmq_prompt_tokens_cached",
     "vlmq_generation_tokens",

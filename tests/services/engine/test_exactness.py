@@ -101,10 +101,41 @@ def test_sequences_joining_mid_flight(bundled, make_engine, bundled_tie_tol):
     engine.submit(first, on_event)
     for _ in range(4):
         assert done.acquire(timeout=60)
-    sizes = engine.stats().batch_sizes
+    stats = engine.stats()
+    sizes = stats.batch_sizes
     assert sizes.get(2, 0) + sizes.get(3, 0) + sizes.get(4, 0) > 0  # they ran together with the first
+    assert stats.mixed_steps > 0  # a joiner's prefill stepped the running rows in its forward
     check(events[first.request_id], model, proc, first, first_png, bundled_tie_tol)
     for req, pngs in joiners:
+        check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
+@pytest.mark.parametrize("mix_padding_tokens", [64, 0], ids=["mixed", "separate"])
+def test_prefill_steps_running_rows_in_its_forward_exactly(
+    bundled, make_engine, bundled_tie_tol, mix_padding_tokens
+):
+    """Two rows run; three prompts of different widths join at once: their prefill's forward also
+    takes the running rows' next token (each left-padded to the prompts' width after a masked gap).
+    Every answer equals its batch-of-one reference, mixed or with the prefill stalling the rows."""
+    model, proc = bundled[0], _free_aspect(bundled[1])
+    engine = make_engine(model, proc, batch_window_ms=0, mix_padding_tokens=mix_padding_tokens)
+    running = [_req(proc, i, max_tokens=10, ignore_eos=True) for i in range(2)]
+    joiners = [_req(proc, i, size=s) for i, s in [(2, (64, 64)), (3, (112, 80)), (4, (48, 128))]]
+    events: dict[str, list[TokenEvent]] = {}
+    done = threading.Semaphore(0)
+
+    def on_event(ev: TokenEvent) -> None:
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            done.release()
+        if ev.request_id == running[0][0].request_id and ev.index == 2:
+            assert engine.submit_many([(r, on_event) for r, _ in joiners]) == [None] * 3
+
+    assert engine.submit_many([(r, on_event) for r, _ in running]) == [None] * 2
+    for _ in range(5):
+        assert done.acquire(timeout=60)
+    assert (engine.stats().mixed_steps > 0) == (mix_padding_tokens > 0)
+    for req, pngs in running + joiners:
         check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
 
 
