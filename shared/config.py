@@ -255,6 +255,12 @@ class InferenceSettings(CommonSettings):
         description="While sequences run, a prefill waits (at most the admission window) until this many "
         "batch slots are free and waiters fill them; 0: half the batch, 1: refill each slot at once",
     )
+    mix_padding_tokens: int = Field(
+        64,
+        ge=0,
+        description="A prefill also steps the running sequences in its forward while their padding "
+        "(rows x (prompt width - 1)) stays within this many token columns; 0: never",
+    )
     warmup_requests: int = Field(
         0, ge=0, le=64, description="Dummy requests run before taking jobs (GPU: loads kernels; 0: none)"
     )

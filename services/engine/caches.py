@@ -4,7 +4,8 @@ Rules every cache follows (tests check them through ``check_integrity``):
 
 - **Bounded by bytes, LRU.** ``put`` evicts least-recently-used entries until the new one fits; an entry
   larger than the whole budget is not stored. ``bytes`` always equals the sum of the entries' sizes.
-- **Immutable entries.** Stored tensors are owned by the cache (cloned on ``put``) and never written
+- **Immutable entries.** Stored tensors are owned by the cache (callers put copies nobody else
+  writes: cloned features, KV extracted from the batch) and never written
   afterwards; readers slice them and never write in place. A checksum taken at ``put`` proves it
   where ``BoundedCache.record_checksums`` is on (the tests turn it on: reading every stored tensor
   costs ~0.1 ms a put, a few percent of a request, for a check only tests run).

@@ -15,8 +15,8 @@ class EngineConfig:
     max_batch: int | None = None  # None: 8 on CPU; on CUDA derived from free memory
     batch_window_ms: float = 10.0  # admission window; never delays a lone request on an idle engine
     # while sequences run, a prefill waits (at most the window) until this many slots are free and
-    # waiters fill them: one prefill of several instead of one per finished sequence (each stops every
-    # decode); 0: half the batch, 1: refill every free slot at once
+    # waiters fill them: one prefill of several instead of one per finished sequence (each may stall
+    # every decode); 0: half the batch, 1: refill every free slot at once
     prefill_min_free: int = 0
     # a prefill steps the running sequences in its own forward (their one token padded to the prompts'
     # width) while that padding stays within this many token columns (rows x (width - 1)): a few

@@ -411,17 +411,19 @@ class Engine:
         try:
             rows, logits = self.runner.decode(seqs)
             return logits, rows, []
-        except Exception as exc:  # a failed decode leaves the batch KV undefined: fail every row
-            self.runner.reset()
-            return torch.empty(0), [], [(seq, exc) for seq in seqs]
+        except Exception as exc:  # a failed decode leaves the stepped rows' KV undefined: they fail
+            self.runner.reset(keep_parked=True)  # paused rows were not stepped: their KV stands
+            lost = [seq for seq in self.scheduler.running if seq.id not in self.runner.parked.ids]
+            return torch.empty(0), [], [(seq, exc) for seq in lost]
 
     def _prefill_isolated(
         self, seqs: list[Sequence], stepping: list[Sequence]
     ) -> tuple[torch.Tensor, list[Sequence], Failed]:
         """Batched prefill, the running ``stepping`` rows taking their next token in the same forward
-        where that pays (the runner decides); if it fails, retry the prompts one by one so only the
-        culprit fails. (The running rows' KV is untouched: a prefill replaces the batch only after its
-        forward; rows not stepped take their token in a later step.)"""
+        where that pays (the runner decides); if it fails, retry the prompts one by one, without
+        stepping anybody, so only the culprit fails. (The running rows' KV values are untouched: a
+        prefill replaces the batch only after its forward; rows not stepped take their token in a
+        later step.)"""
         try:
             rows, logits = self.runner.prefill(seqs, stepping)
             self._stats.mixed_steps += len(rows) > len(seqs)

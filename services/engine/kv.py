@@ -3,7 +3,9 @@
 
 Rows are aligned on the right: every decode step appends one column to all rows, so a row's tokens
 end at the last column. Rows that joined later or are shorter have masked (zero) columns on the
-left; a row whose prefix came from a cache may also have a masked gap between prefix and suffix.
+left; a row whose prefix came from a cache may also have a masked gap between prefix and suffix,
+and a row stepped inside a prefill's forward (``ModelRunner.prefill``) one before that step's token
+(holding the padding positions' KV: masked, never read).
 Positions are per row and explicit, so columns never stand for positions; the mask alone says
 what attends to what. Membership changes (join, leave) copy the cache once, into buffers with spare
 columns; decode steps write into those and copy nothing.

@@ -6,7 +6,7 @@ defaults), per-layer attention-interface lookups and output dataclasses. This ru
 layers as plain function calls over the model's own parameters and HF's own functions (causal mask,
 rotary embedding, attention interface; the rotary application and a masked SDPA call regrouped
 exactly, see ``_Rotary`` and ``_masked_sdpa``), so the logits are bit-identical to the model's
-forward (tests/services/engine/test_lean_glm4v.py checks prefill and decode, padded rows).
+forward (tests/services/engine/test_lean_glm4v.py checks prefill and decode, padded rows, on the CPU).
 
 Used only where that holds: a ``Glm4vTextModel`` whose RMSNorms and MLPs are HF's classes, and, at
 each forward, no forward hook anywhere in the language model (bf16-mixed mode casts through hooks; a
@@ -144,13 +144,16 @@ def _masked_sdpa(
 ) -> tuple[torch.Tensor, None]:
     """HF's ``sdpa_attention_forward`` for a masked call (``_shared_bool_mask``, made additive), the
     same kernel on the same numbers: one query token packs its query heads on the key/value heads as
-    HF's ``pack_gqa`` does; longer queries let SDPA map query heads to key/value heads
-    (``enable_gqa``) instead of copying the keys and values per query head (``repeat_kv``), which
-    feeds the kernel the same numbers (the bit-identity test checks a padded prefill)."""
+    HF's ``pack_gqa`` does; longer queries copy the keys and values per query head (``repeat_kv``) as
+    HF does, except on the CPU, whose fused kernel maps query heads to key/value heads itself
+    (``enable_gqa``) with a mask too and computes the same numbers (the bit-identity test checks a
+    padded prefill); CUDA's masked kernels do not take grouped heads (HF's ``use_gqa_in_sdpa``)."""
     q_len, groups = query.shape[2], layer.kv_groups
-    gqa = groups > 1 and q_len > 1
+    gqa = groups > 1 and q_len > 1 and query.device.type == "cpu"
     if groups > 1 and q_len == 1:
         query = query.reshape(query.shape[0], query.shape[1] // groups, groups, query.shape[-1])
+    elif groups > 1 and not gqa:
+        key, value = glm.repeat_kv(key, groups), glm.repeat_kv(value, groups)
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False, enable_gqa=gqa
     )

@@ -3,7 +3,9 @@
 - ``prefill(seqs)``: for each new sequence, reuse the longest cached KV prefix (prefix or session
   cache), get image features for images in the uncached suffix (image cache or one batched vision
   call), then one forward over all suffixes (left-padded) on top of their cached prefixes; the new
-  rows join the running batch.
+  rows join the running batch. Given running rows to step (``stepping``), the same forward takes
+  their next token too where their padding is small (``_mixes``; the others are parked, as in
+  ``decode``).
 - ``decode(seqs)``: one forward of one token per given running row, per-row positions; running rows
   not given are parked (kept, not stepped: batch work pauses while interactive work runs).
 - ``release(seqs)``: rows leave the batch at once; a finished turn's KV goes to the session cache.
@@ -64,8 +66,9 @@ class ModelRunner:
         feats = self._image_features(seqs)
         t1 = time.perf_counter()
         width = max(s.num_prompt_tokens - s.num_cached_tokens for s in seqs)
-        stepped = self._stepped_rows(stepping) if stepping and self._mixes(stepping, width) else []
-        cached = max([s.num_cached_tokens for s in seqs] + ([self.batch.length] if stepped else []))
+        cached = max(s.num_cached_tokens for s in seqs)
+        stepped = self._stepped_rows(stepping) if stepping and self._mixes(stepping, width, cached) else []
+        cached = max(cached, self.batch.length) if stepped else cached
         embeds = torch.stack([self._suffix_embeds(s, feats, width) for s in seqs])
         positions = torch.stack(
             [self._suffix_positions(s.prompt, s.num_cached_tokens, width) for s in seqs], -2
@@ -85,17 +88,25 @@ class ModelRunner:
             s.vision_s, s.prefill_s = t1 - t0, t2 - t1
         return stepped + seqs, logits
 
-    def _mixes(self, stepping: list[Sequence], width: int) -> bool:
+    def _mixes(self, stepping: list[Sequence], width: int, cached: int) -> bool:
         """Step the running rows in the prefill's forward while their padding (``width - 1`` columns
         a row) stays within ``mix_padding_tokens``: one forward instead of a prefill that stalls them
-        and a decode step of their own after it."""
-        return len(stepping) * (width - 1) <= self.mix_padding_tokens
+        and a decode step of their own after it. The padding stays in their KV as masked columns until
+        they leave, so not once any of them would carry more than twice that many: a long answer
+        with many joiners falls back to plain prefills instead of attending over growing gaps."""
+        if len(stepping) * (width - 1) > self.mix_padding_tokens:
+            return False
+        length = max(self.batch.length, cached) + width
+        shortest = min(s.num_prompt_tokens + len(s.output_ids) for s in stepping)  # its real columns after
+        return length - shortest <= 2 * self.mix_padding_tokens
 
     def _stepped_rows(self, stepping: list[Sequence]) -> list[Sequence]:
         """The running rows to step, in batch order (others parked, as ``decode`` does)."""
         self._park_all_but({s.id for s in stepping})
         by_id = {s.id: s for s in stepping}
-        return [by_id[rid] for rid in self.batch.ids]
+        rows = [by_id[rid] for rid in self.batch.ids]
+        assert len(rows) == len(stepping), "a prefill may step running sequences only"
+        return rows
 
     def _with_steps(
         self,
@@ -268,9 +279,12 @@ class ModelRunner:
         own = holder.extract(seq.id, len(tokens) - (shared[0][0].shape[-2] if shared else 0))
         return KVEntry(tuple(tokens), tuple(seq.prompt.spans), own, shared)
 
-    def reset(self) -> None:
+    def reset(self, keep_parked: bool = False) -> None:
+        """Drop the running batch's KV (and the parked rows' unless ``keep_parked``: a failed decode
+        step never touched them)."""
         self.batch = BatchKV(self.arch.make_cache)
-        self.parked = BatchKV(self.arch.make_cache)
+        if not keep_parked:
+            self.parked = BatchKV(self.arch.make_cache)
 
     # --- prefix cache -----------------------------------------------------------------------------
     def compute_prefix(self, prompt: Prompt) -> KVEntry:

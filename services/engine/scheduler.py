@@ -4,16 +4,16 @@
 2. Admit waiting sequences into free slots (``max_batch``) when the engine is idle (a lone request
    never waits; while other requests are being submitted, the engine waits for them up to
    ``batch_window``: ``Engine._join_wait``), when the waiters fill every free slot and at least
-   ``min_free`` slots are free (each prefill stops every running decode: a slot freed alone waits
-   for others rather than cost a prefill of one), or when the
+   ``min_free`` slots are free (each prefill stalls the running decodes it cannot take along: a
+   slot freed alone waits for others rather than cost a prefill of one), or when the
    oldest has waited ``batch_window`` (an interactive one does not wait for it while only batch
    work runs): highest priority first (``GenerationRequest.priority``,
    0 before 1), oldest first within a priority; a sequence that has waited ``aging_s`` counts as priority 0.
    Batch-priority sequences (1, not aged) never hold the last ``max_batch // 4`` slots: an
    interactive arrival finds a free slot instead of waiting for a batch sequence to finish. And
-   they are not admitted while an interactive sequence runs or waits: a prefill step stops every
-   decode, so batch prefills would stall the interactive sequence's tokens (they join once it
-   ends, or once they have aged).
+   they are not admitted while an interactive sequence runs or waits: a prefill step may stall
+   every decode, so batch prefills would delay the interactive sequence's tokens (they join once
+   it ends, or once they have aged).
    Admitted sequences are prefilled together this step; the running sequences that would decode
    (3.) are offered to the same forward (``ScheduledBatch.decode``: the runner steps them in it while
    their padding stays within ``mix_padding_tokens``, else the prefill stalls them a step).

@@ -29,6 +29,7 @@ def engine_config(settings: InferenceSettings, config_cls: Any = EngineConfig) -
         "max_batch": settings.max_batch,
         "batch_window_ms": settings.batch_window_ms,
         "prefill_min_free": settings.prefill_min_free,
+        "mix_padding_tokens": settings.mix_padding_tokens,
         "max_context_tokens": settings.max_context_tokens,
         "max_new_tokens_limit": settings.max_tokens_limit,
         "prefix_cache": settings.prefix_cache,

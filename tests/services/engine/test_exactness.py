@@ -172,6 +172,49 @@ def test_batch_work_pauses_for_interactive_work_and_resumes_exactly(bundled, mak
         check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
 
 
+def test_a_failed_decode_fails_its_rows_and_the_paused_rows_resume_exactly(
+    bundled, make_engine, bundled_tie_tol
+):
+    """A decode forward raises while batch rows are parked for an interactive row: the interactive
+    row fails with the error; the parked rows, not in that forward, keep their KV and finish exactly."""
+    model, proc = bundled
+    engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
+    batch = [_req(proc, i, max_tokens=12, ignore_eos=True, priority=1) for i in range(2)]
+    urgent, _ = _req(proc, 5, max_tokens=10, ignore_eos=True)
+    events: dict[str, list[TokenEvent]] = {}
+    done = threading.Semaphore(0)
+    boom = threading.Event()
+
+    def fault(*_: Any) -> None:
+        if boom.is_set():
+            boom.clear()
+            raise RuntimeError("forward fault")
+
+    def on_event(ev: TokenEvent) -> None:
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            done.release()
+        if ev.request_id == batch[0][0].request_id and ev.index == 2:  # batch rows are decoding
+            engine.submit(urgent, on_event)
+        if ev.request_id == urgent.request_id and ev.index == 2:  # batch rows are parked now
+            boom.set()  # the urgent row's next decode forward fails
+
+    handle = model.get_decoder().layers[0].register_forward_pre_hook(fault)
+    try:
+        for req, _ in batch:
+            engine.submit(req, on_event)
+        for _ in range(3):
+            assert done.acquire(timeout=60)
+    finally:
+        handle.remove()
+    assert events[urgent.request_id][-1].finish_reason == FinishReason.ERROR
+    assert "forward fault" in (events[urgent.request_id][-1].error or "")
+    for req, pngs in batch:  # every token, not a failure after the first few
+        assert events[req.request_id][-1].finish_reason == FinishReason.LENGTH
+        assert len(tokens_of(events[req.request_id])) == req.sampling.max_tokens
+        check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
+
+
 def test_held_batch_work_waits_without_spinning_and_resumes_exactly(bundled, make_engine, bundled_tie_tol):
     """``hold_batch`` (interactive work in flight elsewhere in the service): batch rows stop, batch
     arrivals wait, the engine sleeps instead of spinning, and everything resumes exactly."""
