@@ -40,6 +40,25 @@ def _free_aspect(proc: Any) -> Any:
     return free
 
 
+class _Recorder:
+    """Every event by request id, the order requests finished in, and a wait for ``n`` of them."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[TokenEvent]] = {}
+        self.finished: list[str] = []
+        self._done = threading.Semaphore(0)
+
+    def record(self, ev: TokenEvent) -> None:
+        self.events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            self.finished.append(ev.request_id)
+            self._done.release()
+
+    def wait(self, n: int, timeout_s: float = 60) -> None:
+        for _ in range(n):
+            assert self._done.acquire(timeout=timeout_s)
+
+
 @pytest.mark.parametrize("prefetch", [False, True], ids=["inline-vision", "vision-prefetch"])
 def test_single_and_batched_match_reference(bundled, make_engine, bundled_tie_tol, prefetch):
     model, proc = bundled
@@ -86,21 +105,18 @@ def test_sequences_joining_mid_flight(bundled, make_engine, bundled_tie_tol):
     first, first_png = _req(proc, 0, max_tokens=40)
     first.sampling = SamplingParams(max_tokens=40, ignore_eos=True)  # runs long enough for 3 to join
     joiners = [_req(proc, i, max_tokens=8) for i in range(1, 4)]
-    events: dict[str, list[TokenEvent]] = {}
-    done = threading.Semaphore(0)
+    rec = _Recorder()
+    events = rec.events
 
     def on_event(ev: TokenEvent) -> None:
-        events.setdefault(ev.request_id, []).append(ev)
-        if ev.finished:
-            done.release()
+        rec.record(ev)
         # each new token of the long request lets one more request join the running batch
         if ev.request_id == first.request_id and 2 <= ev.index <= 4:
             req, _ = joiners[ev.index - 2]
             engine.submit(req, on_event)
 
     engine.submit(first, on_event)
-    for _ in range(4):
-        assert done.acquire(timeout=60)
+    rec.wait(4)
     stats = engine.stats()
     sizes = stats.batch_sizes
     assert sizes.get(2, 0) + sizes.get(3, 0) + sizes.get(4, 0) > 0  # they ran together with the first
@@ -121,19 +137,16 @@ def test_prefill_steps_running_rows_in_its_forward_exactly(
     engine = make_engine(model, proc, batch_window_ms=0, mix_padding_tokens=mix_padding_tokens)
     running = [_req(proc, i, max_tokens=10, ignore_eos=True) for i in range(2)]
     joiners = [_req(proc, i, size=s) for i, s in [(2, (64, 64)), (3, (112, 80)), (4, (48, 128))]]
-    events: dict[str, list[TokenEvent]] = {}
-    done = threading.Semaphore(0)
+    rec = _Recorder()
+    events = rec.events
 
     def on_event(ev: TokenEvent) -> None:
-        events.setdefault(ev.request_id, []).append(ev)
-        if ev.finished:
-            done.release()
+        rec.record(ev)
         if ev.request_id == running[0][0].request_id and ev.index == 2:
             assert engine.submit_many([(r, on_event) for r, _ in joiners]) == [None] * 3
 
     assert engine.submit_many([(r, on_event) for r, _ in running]) == [None] * 2
-    for _ in range(5):
-        assert done.acquire(timeout=60)
+    rec.wait(5)
     assert (engine.stats().mixed_steps > 0) == (mix_padding_tokens > 0)
     for req, pngs in running + joiners:
         check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
@@ -146,15 +159,11 @@ def test_batch_work_pauses_for_interactive_work_and_resumes_exactly(bundled, mak
     engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
     batch = [_req(proc, i, max_tokens=30, ignore_eos=True, priority=1) for i in range(4)]
     urgent, urgent_png = _req(proc, 5, max_tokens=10, ignore_eos=True)
-    events: dict[str, list[TokenEvent]] = {}
-    order: list[str] = []
-    done = threading.Semaphore(0)
+    rec = _Recorder()
+    events = rec.events
 
     def on_event(ev: TokenEvent) -> None:
-        events.setdefault(ev.request_id, []).append(ev)
-        if ev.finished:
-            order.append(ev.request_id)
-            done.release()
+        rec.record(ev)
         if ev.request_id == batch[0][0].request_id and ev.index == 2:  # batch rows are decoding
             engine.submit(urgent, on_event)
         if ev.request_id == urgent.request_id and ev.index == 3:  # batch rows are parked now
@@ -162,9 +171,8 @@ def test_batch_work_pauses_for_interactive_work_and_resumes_exactly(bundled, mak
 
     for req, _ in batch:
         engine.submit(req, on_event)
-    for _ in range(5):
-        assert done.acquire(timeout=60)
-    assert order[:2] == [batch[3][0].request_id, urgent.request_id]  # the cancel, then the urgent one
+    rec.wait(5)
+    assert rec.finished[:2] == [batch[3][0].request_id, urgent.request_id]  # the cancel, then the urgent one
     assert events[batch[3][0].request_id][-1].finish_reason == FinishReason.CANCELLED
     assert engine.stats().batch_sizes.get(1, 0) >= 9  # the urgent row's decode steps ran alone
     check(events[urgent.request_id], model, proc, urgent, urgent_png, bundled_tie_tol)
@@ -181,8 +189,8 @@ def test_a_failed_decode_fails_its_rows_and_the_paused_rows_resume_exactly(
     engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
     batch = [_req(proc, i, max_tokens=12, ignore_eos=True, priority=1) for i in range(2)]
     urgent, _ = _req(proc, 5, max_tokens=10, ignore_eos=True)
-    events: dict[str, list[TokenEvent]] = {}
-    done = threading.Semaphore(0)
+    rec = _Recorder()
+    events = rec.events
     boom = threading.Event()
 
     def fault(*_: Any) -> None:
@@ -191,9 +199,7 @@ def test_a_failed_decode_fails_its_rows_and_the_paused_rows_resume_exactly(
             raise RuntimeError("forward fault")
 
     def on_event(ev: TokenEvent) -> None:
-        events.setdefault(ev.request_id, []).append(ev)
-        if ev.finished:
-            done.release()
+        rec.record(ev)
         if ev.request_id == batch[0][0].request_id and ev.index == 2:  # batch rows are decoding
             engine.submit(urgent, on_event)
         if ev.request_id == urgent.request_id and ev.index == 2:  # batch rows are parked now
@@ -203,8 +209,7 @@ def test_a_failed_decode_fails_its_rows_and_the_paused_rows_resume_exactly(
     try:
         for req, _ in batch:
             engine.submit(req, on_event)
-        for _ in range(3):
-            assert done.acquire(timeout=60)
+        rec.wait(3)
     finally:
         handle.remove()
     assert events[urgent.request_id][-1].finish_reason == FinishReason.ERROR
@@ -221,16 +226,14 @@ def test_held_batch_work_waits_without_spinning_and_resumes_exactly(bundled, mak
     model, proc = bundled
     engine = make_engine(model, proc, batch_window_ms=0, priority_aging_s=600.0)
     running, arriving = (_req(proc, i, max_tokens=20, ignore_eos=True, priority=1) for i in range(2))
-    events: dict[str, list[TokenEvent]] = {}
-    done = threading.Semaphore(0)
+    rec = _Recorder()
+    events = rec.events
     second_token = threading.Event()
 
     def on_event(ev: TokenEvent) -> None:
-        events.setdefault(ev.request_id, []).append(ev)
+        rec.record(ev)
         if ev.index == 1:
             second_token.set()
-        if ev.finished:
-            done.release()
 
     engine.submit(running[0], on_event)
     assert second_token.wait(30)
@@ -242,8 +245,7 @@ def test_held_batch_work_waits_without_spinning_and_resumes_exactly(bundled, mak
     assert len(events[running[0].request_id]) == produced and arriving[0].request_id not in events
     assert engine.stats().step_cpu_s - cpu < 0.1  # asleep, not spinning through empty steps
     engine.hold_batch(False)
-    for _ in range(2):
-        assert done.acquire(timeout=60)
+    rec.wait(2)
     for req, pngs in (running, arriving):
         check(events[req.request_id], model, proc, req, pngs, bundled_tie_tol)
 
