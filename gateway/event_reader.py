@@ -8,9 +8,8 @@ an attempt re-sends tokens, and the text never mixes two attempts' versions of a
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,25 +101,7 @@ async def follow(
     on_idle: Callable[[], Awaitable[object]] | None = None,
     block_first: bool = False,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """``follow_batches``' events one by one."""
-    batches = follow_batches(redis, keys, job_id, last_id, block_ms, on_idle, block_first)
-    async with contextlib.aclosing(batches):  # a reader that stops early closes it now, not at GC
-        async for batch in batches:
-            for item in batch:
-                yield item
-
-
-async def follow_batches(
-    redis: aioredis.Redis,
-    keys: Keys,
-    job_id: str,
-    last_id: str = "0",
-    block_ms: int = BLOCK_MS,
-    on_idle: Callable[[], Awaitable[object]] | None = None,
-    block_first: bool = False,
-) -> AsyncGenerator[list[tuple[str, JobEvent]]]:
-    """Events after ``last_id`` as they come, one list per read (what a writer's step published
-    together: a stream can send it in one write), the last list ending with the terminal event.
+    """Events after ``last_id`` as they come, ending with the terminal event.
 
     ``on_idle`` runs whenever a read found nothing new (the gateway's lazy expiry check).
     ``block_first``: a job this request just accepted (``last_id``: its queued event, or "0"): the
@@ -143,18 +124,14 @@ async def follow_batches(
             if server_exiting() or await _finished_or_gone(redis, keys, job_id, key, last_id):
                 return
             continue
-        batch: list[tuple[str, JobEvent]] = []
         for entry_id, fields in reply[0][1]:
             last_id = as_str(entry_id)
             event = JobEvent.from_fields(fields)
             if not tokens.accept(event):
                 continue
-            batch.append((last_id, event))
+            yield last_id, event
             if is_terminal(event):
-                yield batch
                 return
-        if batch:
-            yield batch
 
 
 async def _finished_or_gone(redis: aioredis.Redis, keys: Keys, job_id: str, key: str, last_id: str) -> bool:

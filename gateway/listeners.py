@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.errors import APIError
-from gateway.event_reader import follow_batches
+from gateway.event_reader import follow
 from gateway.job_records import ANY_TENANT, cancel_job, current_record
 from gateway.shutdown import server_exiting
 from gateway.state import GatewayState
@@ -42,23 +42,7 @@ async def job_events(
     cancel_on_disconnect: bool = False,
     fresh: bool = False,
 ) -> AsyncIterator[tuple[str, JobEvent]]:
-    """``job_event_batches``' events one by one."""
-    batches = job_event_batches(state, job_id, last_id, kind, cancel_on_disconnect, fresh)
-    async with contextlib.aclosing(batches):  # its bookkeeping runs when the reader stops, not at GC
-        async for batch in batches:
-            for item in batch:
-                yield item
-
-
-async def job_event_batches(
-    state: GatewayState,
-    job_id: str,
-    last_id: str,
-    kind: str,
-    cancel_on_disconnect: bool = False,
-    fresh: bool = False,
-) -> AsyncGenerator[list[tuple[str, JobEvent]]]:
-    """``follow_batches`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule.
+    """``follow`` plus listener bookkeeping, lazy expiry and the cancel-on-disconnect rule.
 
     ``fresh``: the job was accepted by this very request (its deadline ahead, its record and
     stream just written), so the reader blocks for its events at once: no expiry check nor
@@ -68,17 +52,15 @@ async def job_event_batches(
     finished = False
 
     async def expire_check() -> None:
-        with contextlib.suppress(APIError):  # gone: follow_batches() notices and ends
+        with contextlib.suppress(APIError):  # gone: follow() notices and ends
             await current_record(state, job_id, ANY_TENANT)  # the route checked the tenant
 
     try:
         if not fresh:
             await expire_check()
-        batches = follow_batches(
-            state.streams, state.keys, job_id, last_id, on_idle=expire_check, block_first=fresh
-        )
-        async for batch in batches:
-            yield batch
+        events = follow(state.streams, state.keys, job_id, last_id, on_idle=expire_check, block_first=fresh)
+        async for item in events:
+            yield item
         finished = True
     finally:
         state.metrics.open_streams.labels(kind).dec()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from gateway.accept import Accepted, cache_headers, submit
 from gateway.auth import TenantDep
@@ -25,7 +25,7 @@ from gateway.errors import APIError, error_body
 from gateway.event_reader import is_terminal
 from gateway.intake import from_openai
 from gateway.job_records import ANY_TENANT, cancel_job, load_record
-from gateway.listeners import job_event_batches, job_events
+from gateway.listeners import job_events
 from gateway.openai_schema import (
     ChatCompletionRequest,
     chunk_json,
@@ -38,7 +38,7 @@ from gateway.routes.job_streams import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
 from gateway.stream_slots import SlotEventSourceResponse, StreamSlot
 from shared.jobs import JobRecord
-from shared.schemas import JobEvent, JobStatus
+from shared.schemas import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -139,64 +139,35 @@ async def _wait(request: Request, state: GatewayState, accepted: Accepted) -> Jo
     return await load_record(state, job_id, ANY_TENANT)
 
 
-async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[bytes]:
-    """The stream's SSE events, encoded: the role chunk at once (the client sees the stream live
-    while the job waits), then what each read of the job's events returned in one write (a step's
-    token with the job's end, usage and ``[DONE]``): each write is a send on the socket, on the
-    gateway's CPU and the client's."""
-    job_id, after = accepted.spec.job_id, accepted.queued_event_id  # its status events: not shown
-    chunks = _Chunks(job_id, state.settings.model_name, int(accepted.spec.created_at), include_usage)
-    yield sse_bytes([chunks.chunk({"role": "assistant", "content": ""})])
-    batches = job_event_batches(state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True)
-    async for batch in batches:
-        datas = chunks.of(event for _, event in batch)
-        if chunks.ended:
-            datas.append("[DONE]")
-        if datas:  # a read of status events only shows nothing
-            yield sse_bytes(datas)
-    if not chunks.ended:  # this gateway is shutting down: say so rather than end as if complete
+async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:
+    job_id, model = accepted.spec.job_id, state.settings.model_name
+    created = int(accepted.spec.created_at)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> str:
+        return json.dumps(chunk_json(job_id, model, created, delta, finish, usage, choices=usage is None))
+
+    yield chunk({"role": "assistant", "content": ""})
+    streamed = ended = False
+    after = accepted.queued_event_id  # its status events are not shown: start after the first
+    async for _, event in job_events(state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True):
+        if event.type == "token" and event.text:
+            streamed = True
+            yield chunk({"content": event.text})
+        elif event.type == "done":
+            ended = True
+            if not streamed and event.final_text:  # result-cache hit: no token events
+                yield chunk({"content": event.final_text})
+            yield chunk({}, event.finish_reason or "stop")
+            if include_usage:
+                yield chunk({}, usage=usage_json(event.usage))
+        elif is_terminal(event):
+            ended = True
+            http, message, code = terminal_error(
+                event.status or JobStatus.FAILED, event.error_code, event.error
+            )
+            yield json.dumps(error_body(http, message, code=code))
+    if not ended:  # this gateway is shutting down: say so rather than end as if complete
         with contextlib.suppress(APIError):
             await cancel_job(state, job_id, ANY_TENANT)
-        message = error_body(503, "gateway shutting down; retry the request", code="shutting_down")
-        yield sse_bytes([json.dumps(message), "[DONE]"])
-
-
-class _Chunks:
-    """One streamed completion's chunks, event by event."""
-
-    def __init__(self, job_id: str, model: str, created: int, include_usage: bool) -> None:
-        self.job_id, self.model, self.created, self.include_usage = job_id, model, created, include_usage
-        self.streamed = self.ended = False
-
-    def chunk(
-        self, delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None
-    ) -> str:
-        body = chunk_json(self.job_id, self.model, self.created, delta, finish, usage, choices=usage is None)
-        return json.dumps(body)
-
-    def of(self, events: Iterable[JobEvent]) -> list[str]:
-        out: list[str] = []
-        for event in events:
-            if event.type == "token" and event.text:
-                self.streamed = True
-                out.append(self.chunk({"content": event.text}))
-            elif event.type == "done":
-                self.ended = True
-                if not self.streamed and event.final_text:  # result-cache hit: no token events
-                    out.append(self.chunk({"content": event.final_text}))
-                out.append(self.chunk({}, event.finish_reason or "stop"))
-                if self.include_usage:
-                    out.append(self.chunk({}, usage=usage_json(event.usage)))
-            elif is_terminal(event):
-                self.ended = True
-                http, message, code = terminal_error(
-                    event.status or JobStatus.FAILED, event.error_code, event.error
-                )
-                out.append(json.dumps(error_body(http, message, code=code)))
-        return out
-
-
-def sse_bytes(datas: list[str]) -> bytes:
-    """Several SSE ``data:`` events as one body part, each as sse-starlette encodes it alone."""
-    sep = EventSourceResponse.DEFAULT_SEPARATOR
-    return b"".join(ServerSentEvent(data, sep=sep).encode() for data in datas)
+        yield json.dumps(error_body(503, "gateway shutting down; retry the request", code="shutting_down"))
+    yield "[DONE]"
