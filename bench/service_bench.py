@@ -328,6 +328,7 @@ async def measured_run(
     requests: list[BenchRequest],
     c: int,
     profile: Path | None = None,
+    repeat: int = 1,
 ) -> tuple[list[Sample], dict[str, Any]]:
     """One run with its cost: readings before and after (the engine's counters written after it);
     ``profile``: py-spy records every stack process into that folder meanwhile."""
@@ -335,11 +336,12 @@ async def measured_run(
     with Profiler(profile, meter.groups) if profile else contextlib.nullcontext():
         samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
     after = await asyncio.to_thread(meter.read, time.time())
-    summary = summarize(samples, wall)
+    summary = summarize(samples, wall, ramp=c)
     print(f"{mode:12s} c={c:<3d} {json.dumps({k: v for k, v in summary.items() if k != 'stages_p50'})}")
     return samples, {
         "mode": mode,
         "concurrency": c,
+        "repeat": repeat,
         "summary": summary,
         "cost": cost(before, after, len(samples)),
     }
@@ -355,13 +357,16 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
         await run_mode(mode, stack, peer, stack.settings.model_name, args.model, warm, 1)
     for c in args.levels:
         shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
-        for mode in MODES:
-            requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
-            profile = args.profile if (mode, c) == ("vlmq-openai", max(args.levels)) else None
-            samples, run = await measured_run(meter, mode, stack, peer, args.model, requests, c, profile)
-            runs.append(run)
-            if c == 1:
-                c1[mode] = (requests, samples)
+        for repeat in range(1, args.repeats + 1):  # interleaved: the host's drift hits every server
+            for mode in MODES:
+                requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
+                top = (mode, c, repeat) == ("vlmq-openai", max(args.levels), 1)
+                samples, run = await measured_run(
+                    meter, mode, stack, peer, args.model, requests, c, args.profile if top else None, repeat
+                )
+                runs.append(run)
+                if c == 1 and repeat == 1:
+                    c1[mode] = (requests, samples)
     ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []
     created = created_times(stack, ws_samples)
     memory = await sustain(args, stack, meter) if args.sustain_s > 0 else None
@@ -467,8 +472,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=None, help="requests per client per level (default 8; quick, smoke 2)"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every server per level, interleaved; the ratios' median and range are reported",
+    )
     args = parser.parse_args(argv)
     args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     args.levels = [int(x) for x in (args.levels or ("1,2" if args.smoke else "1,8,32")).split(",")]
     if 1 not in args.levels:  # the overhead, the hops and the answers' agreement are measured there
         parser.error("--levels must include 1")
@@ -532,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": measured["memory"],
         "max_tokens": MAX_TOKENS,
         "levels": args.levels,
+        "repeats": args.repeats,
         "runs": measured["runs"],
         "stage_names": ["queue", "decode", "wait", "vision", "prefill", "generation", "ttft", "total"],
         "overhead": overhead(ws_samples, engine),

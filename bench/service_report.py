@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from bench.service_workload import MAX_TOKENS
@@ -22,28 +23,53 @@ def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}"
 
 
-def run_of(result: dict[str, Any], mode: str, concurrency: int) -> dict[str, Any] | None:
-    return next((r for r in result["runs"] if r["mode"] == mode and r["concurrency"] == concurrency), None)
+def run_of(result: dict[str, Any], mode: str, concurrency: int, repeat: int = 1) -> dict[str, Any] | None:
+    return next(
+        (
+            r
+            for r in result["runs"]
+            if r["mode"] == mode and r["concurrency"] == concurrency and r.get("repeat", 1) == repeat
+        ),
+        None,
+    )
+
+
+RATIOS = ("throughput", "e2e_p50", "e2e_p99", "e2e_p99_after_ramp", "ttft_p50")
 
 
 def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per level: vlmq-openai vs peer-openai on the same requests (throughput, p50, p99 e2e)."""
+    """Per level: vlmq-openai vs peer-openai on the same requests (throughput, p50 and p99 e2e, p99
+    after the ramp, TTFT p50), each the median over the interleaved repeats, with every repeat's."""
     rows = []
     for c in result["levels"]:
-        ours, peer = run_of(result, "vlmq-openai", c), run_of(result, "peer-openai", c)
-        if not ours or not peer or not peer["summary"]["qps"] or not ours["summary"]["qps"]:
-            continue
-        o, p = ours["summary"], peer["summary"]
-        rows.append(
-            {
-                "concurrency": c,
-                "throughput": o["qps"] / p["qps"],
-                "e2e_p50": o["e2e_p50"] / p["e2e_p50"],
-                "e2e_p99": o["e2e_p99"] / p["e2e_p99"],
-                "ttft_p50": (o["ttft_p50"] or 0) / (p["ttft_p50"] or 1),
-            }
-        )
+        each = [r for k in range(1, result.get("repeats", 1) + 1) if (r := _ratios_of(result, c, k))]
+        if each:
+            median = {name: statistics.median(r[name] for r in each) for name in RATIOS}
+            rows.append({"concurrency": c, **median, "repeats": each})
     return rows
+
+
+def _ratios_of(result: dict[str, Any], c: int, repeat: int) -> dict[str, float] | None:
+    ours, peer = run_of(result, "vlmq-openai", c, repeat), run_of(result, "peer-openai", c, repeat)
+    if not ours or not peer or not peer["summary"]["qps"] or not ours["summary"]["qps"]:
+        return None
+    o, p = ours["summary"], peer["summary"]
+    return {
+        "throughput": o["qps"] / p["qps"],
+        "e2e_p50": o["e2e_p50"] / p["e2e_p50"],
+        "e2e_p99": o["e2e_p99"] / p["e2e_p99"],
+        "e2e_p99_after_ramp": (o.get("e2e_p99_after_ramp") or 0) / (p.get("e2e_p99_after_ramp") or 1),
+        "ttft_p50": (o["ttft_p50"] or 0) / (p["ttft_p50"] or 1),
+    }
+
+
+def server(row: dict[str, Any], result: dict[str, Any]) -> str:
+    return f"{row['mode']}{repeat_suffix(row, result)}"
+
+
+def repeat_suffix(row: dict[str, Any], result: dict[str, Any]) -> str:
+    """The run's repeat (" #2") where there are several."""
+    return "" if result.get("repeats", 1) == 1 else f" #{row.get('repeat', 1)}"
 
 
 def head(result: dict[str, Any]) -> list[str]:
@@ -65,17 +91,38 @@ def latency_rows(result: dict[str, Any]) -> list[str]:
     for row in result["runs"]:
         s = row["summary"]
         lines.append(
-            f"| {row['mode']} | {row['concurrency']} | {s['requests']} | {s['qps']:.2f} | "
+            f"| {server(row, result)} | {row['concurrency']} | {s['requests']} | {s['qps']:.2f} | "
             f"{ms(s['e2e_p50'])} | {ms(s['e2e_p90'])} | {ms(s['e2e_p99'])} | {ms(s['ttft_p50'])} | "
             f"{ms(s['ttft_p90'])} | {ms(s['ttft_p99'])} |"
         )
-    lines += ["", "Ratios vlmq-openai / peer-openai (same requests, one run):", ""]
+    n = result.get("repeats", 1)
+    how = "one run" if n == 1 else f"the median of {n} interleaved runs, each run's in brackets"
+    lines += ["", f"Ratios vlmq-openai / peer-openai (same requests, {how}):", ""]
     for r in ratios(result):
-        lines.append(
-            f"- c={r['concurrency']}: throughput {r['throughput']:.2f}x, e2e p50 {r['e2e_p50']:.2f}x, "
-            f"e2e p99 {r['e2e_p99']:.2f}x, TTFT p50 {r['ttft_p50']:.2f}x"
-        )
+        cells = [f"{label} {_ratio(r, name)}" for name, label in RATIO_LABELS.items()]
+        lines.append(f"- c={r['concurrency']}: " + ", ".join(cells))
+    lines += [
+        "",
+        "p99 after the ramp: each client's first request left out (all clients start at once, so the "
+        "first round meets a cold pipeline's burst).",
+    ]
     return lines
+
+
+RATIO_LABELS = {
+    "throughput": "throughput",
+    "e2e_p50": "e2e p50",
+    "e2e_p99": "e2e p99",
+    "e2e_p99_after_ramp": "e2e p99 after the ramp",
+    "ttft_p50": "TTFT p50",
+}
+
+
+def _ratio(row: dict[str, Any], name: str) -> str:
+    text = f"{row[name]:.2f}x"
+    if len(row["repeats"]) > 1:
+        text += " [" + " ".join(f"{r[name]:.2f}" for r in row["repeats"]) + "]"
+    return text
 
 
 def stage_rows(result: dict[str, Any]) -> list[str]:
@@ -90,7 +137,8 @@ def stage_rows(result: dict[str, Any]) -> list[str]:
     for row in result["runs"]:
         if row["mode"] == "vlmq-ws" and "stages_p50" in row["summary"]:
             stages = row["summary"]["stages_p50"]
-            lines.append(f"| {row['concurrency']} | " + " | ".join(ms(stages[k]) for k in names) + " |")
+            conc = f"{row['concurrency']}{repeat_suffix(row, result)}"
+            lines.append(f"| {conc} | " + " | ".join(ms(stages[k]) for k in names) + " |")
     lines += [
         "",
         "Per hop at concurrency 1 (vlmq-ws; ms):",
@@ -125,7 +173,7 @@ def cost_rows(result: dict[str, Any]) -> list[str]:
         share = "-" if c["steps_ge4"] is None else f"{c['steps_ge4']:.0%}"
         cells = [f"{cpu.get(k, 0.0):.1f}" for k in PROCESSES]
         lines.append(
-            f"| {row['mode']} | {row['concurrency']} | " + " | ".join(cells) + f" | {ours:.1f} | "
+            f"| {server(row, result)} | {row['concurrency']} | " + " | ".join(cells) + f" | {ours:.1f} | "
             f"{c['forward_cpu_ms']:.1f} | {ours - c['forward_cpu_ms']:.1f} | {share} | "
             f"{c['prefill_seqs_per_step']:.1f} | {c['redis_bytes_per_job']:.0f} |"
         )

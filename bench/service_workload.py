@@ -84,7 +84,10 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[rank]
 
 
-def summarize(samples: list[Sample], wall_s: float) -> dict[str, Any]:
+def summarize(samples: list[Sample], wall_s: float, ramp: int = 0) -> dict[str, Any]:
+    """Counts, throughput and percentiles; ``ramp``: the closed loop's clients (its first ``ramp``
+    requests, sent at once by clients starting together, are also left out of ``e2e_p99_after_ramp``:
+    a cold pipeline's burst, not the steady state)."""
     ok = [s for s in samples if s.error is None]
     e2e = [s.e2e for s in ok]
     ttft = [s.ttft for s in ok if s.ttft is not None]
@@ -95,6 +98,7 @@ def summarize(samples: list[Sample], wall_s: float) -> dict[str, Any]:
         "e2e_p50": pct(e2e, 50),
         "e2e_p90": pct(e2e, 90),
         "e2e_p99": pct(e2e, 99),
+        "e2e_p99_after_ramp": pct([s.e2e for s in ok if s.index >= ramp], 99),
         "ttft_p50": pct(ttft, 50),
         "ttft_p90": pct(ttft, 90),
         "ttft_p99": pct(ttft, 99),

@@ -16,9 +16,9 @@ from tests.support.processes import ROOT
 pytestmark = pytest.mark.slow
 
 
-def run_bench(module: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:
-    """``python -m <module> --smoke --out <out>`` as ``make bench`` runs it; its JSON result."""
-    cmd = [sys.executable, "-m", module, "--smoke", "--out", str(out)]
+def run_bench(module: str, out: Path, *extra: str, timeout_s: float = 240) -> dict[str, Any]:
+    """``python -m <module> --smoke --out <out> [extra]`` as ``make bench`` runs it; its JSON result."""
+    cmd = [sys.executable, "-m", module, "--smoke", "--out", str(out), *extra]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"{module} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     (found,) = out.glob("*_smoke.json")
@@ -40,9 +40,10 @@ def test_engine_bench_smoke(tmp_path: Path) -> None:
 
 
 def test_service_bench_smoke(tmp_path: Path) -> None:
-    result = run_bench("bench.service_bench", tmp_path)
-    runs = {(r["mode"], r["concurrency"]) for r in result["runs"]}
-    assert runs == {(m, c) for m in ("peer-openai", "vlmq-openai", "vlmq-ws") for c in (1, 2)}
+    result = run_bench("bench.service_bench", tmp_path, "--repeats", "2")
+    runs = [(r["mode"], r["concurrency"], r["repeat"]) for r in result["runs"]]
+    modes = ("peer-openai", "vlmq-openai", "vlmq-ws")
+    assert runs == [(m, c, k) for c in (1, 2) for k in (1, 2) for m in modes]  # interleaved
     assert all(r["summary"]["errors"] == 0 for r in result["runs"])
     assert result["overhead"]["overhead_p50"] is not None
     assert result["engine_agreement"]["identical"] == result["engine_agreement"]["compared"]
@@ -50,7 +51,8 @@ def test_service_bench_smoke(tmp_path: Path) -> None:
         assert set(run["cost"]["cpu_ms"]) == {"gateway", "decode", "inference", "redis", "loadgen", "peer"}
         assert "forward_cpu_ms" in run["cost"] and "redis_bytes_per_job" in run["cost"]
     assert result["memory"]["jobs"] > 0 and result["memory"]["by_kind"]
-    assert (tmp_path / "service_bench_smoke.md").exists()
+    report = (tmp_path / "service_bench_smoke.md").read_text()
+    assert "the median of 2 interleaved runs" in report and "vlmq-openai #2" in report
 
 
 def test_decode_bench_smoke(tmp_path: Path) -> None:
