@@ -356,15 +356,18 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
     for mode in MODES:  # warm-up: model loads, first-request costs
         await run_mode(mode, stack, peer, stack.settings.model_name, args.model, warm, 1)
     for c in args.levels:
-        shared_set = make_requests(per_level[c], seed=100 + c)  # peer and vlmq-openai: same requests
         for repeat in range(1, args.repeats + 1):  # interleaved: the host's drift hits every server
+            # new pictures each repeat (vlmq's image cache must not have seen them); the peer and
+            # vlmq-openai get the same ones
+            seed = 100 + c + 1000 * (repeat - 1)
+            shared_set, ws_set = make_requests(per_level[c], seed), make_requests(per_level[c], seed + 100)
             for mode in MODES:
-                requests = shared_set if mode != "vlmq-ws" else make_requests(per_level[c], seed=200 + c)
+                requests = ws_set if mode == "vlmq-ws" else shared_set
                 top = (mode, c, repeat) == ("vlmq-openai", max(args.levels), 1)
                 samples, run = await measured_run(
                     meter, mode, stack, peer, args.model, requests, c, args.profile if top else None, repeat
                 )
-                runs.append(run)
+                runs.append({**run, "seed": seed + 100 if mode == "vlmq-ws" else seed})
                 if c == 1 and repeat == 1:
                     c1[mode] = (requests, samples)
     ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []

@@ -44,6 +44,10 @@ def test_service_bench_smoke(tmp_path: Path) -> None:
     runs = [(r["mode"], r["concurrency"], r["repeat"]) for r in result["runs"]]
     modes = ("peer-openai", "vlmq-openai", "vlmq-ws")
     assert runs == [(m, c, k) for c in (1, 2) for k in (1, 2) for m in modes]  # interleaved
+    seeds = {(r["mode"], r["concurrency"], r["repeat"]): r["seed"] for r in result["runs"]}
+    for c in (1, 2):  # the peer and vlmq-openai: the same pictures; a repeat: new ones
+        assert seeds["peer-openai", c, 1] == seeds["vlmq-openai", c, 1] != seeds["vlmq-openai", c, 2]
+        assert len({seeds[m, c, k] for m in ("vlmq-openai", "vlmq-ws") for k in (1, 2)}) == 4
     assert all(r["summary"]["errors"] == 0 for r in result["runs"])
     assert result["overhead"]["overhead_p50"] is not None
     assert result["engine_agreement"]["identical"] == result["engine_agreement"]["compared"]
