@@ -45,8 +45,9 @@ bench: bench-engine bench-service bench-decode bench-redis-parser bench-request-
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
 
+# three interleaved runs a level: one run's ratio spreads +-15 % on a shared 2-core host (~17 min)
 bench-service: venv
-	$(BIN)/python -m bench.service_bench
+	$(BIN)/python -m bench.service_bench --repeats 3
 
 # JPEG draft mode: the decode hop's CPU per image and the answers at each oversample (~2 min)
 bench-decode: venv
