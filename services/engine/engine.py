@@ -67,6 +67,7 @@ class Engine:
         self._cancels: set[str] = set()
         self._forward_lock = threading.Lock()  # one forward at a time per model (step or prewarm)
         self._known: dict[str, Sequence] = {}  # submitted and not yet finished
+        self._batch_submitted = threading.Event()  # ``wait_for_batch_work``
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._healthy = True
@@ -213,6 +214,8 @@ class Engine:
                 self._known[seq.id] = seq
                 self._inbox.append(seq)
                 self._stats.submitted += 1
+                if seq.request.priority > 0:
+                    self._batch_submitted.set()
             self._cv.notify_all()
         if self.runner.prefetcher is not None:
             for i, seq in ready:
@@ -330,6 +333,15 @@ class Engine:
         """A batch-priority request is submitted and not finished (only then can a hold matter)."""
         with self._cv:
             return any(seq.request.priority > 0 for seq in self._known.values())
+
+    def wait_for_batch_work(self, timeout: float) -> bool:
+        """``has_batch_work``, waiting up to ``timeout`` for a batch-priority submission when there is
+        none (the batch hold sleeps here instead of polling while only interactive work comes)."""
+        self._batch_submitted.clear()  # before the check: a submission after it sets it again
+        if self.has_batch_work():
+            return True
+        self._batch_submitted.wait(timeout)
+        return self.has_batch_work()
 
     def hold_batch(self, held: bool) -> None:
         """Hold batch-priority work (not aged) as if an interactive sequence ran: the service sets

@@ -349,3 +349,29 @@ def test_an_idle_engine_waits_for_requests_being_submitted(bundled, make_engine)
     assert first_done.wait(30)
     after = engine.stats()
     assert after.prefill_sizes.get(2, 0) == before.prefill_sizes.get(2, 0) + 1
+
+
+def test_waiting_for_batch_work_wakes_on_a_batch_submission_only(bundled, make_engine):
+    """The batch hold sleeps in ``wait_for_batch_work`` while only interactive work comes: an
+    interactive request does not end the wait, a batch one does at once, and it counts until done."""
+    model, proc = bundled
+    engine = make_engine(model, proc)
+    assert engine.wait_for_batch_work(0.01) is False
+    woke: list[tuple[bool, float]] = []
+
+    def waiter() -> None:
+        started = time.monotonic()
+        woke.append((engine.wait_for_batch_work(30.0), time.monotonic() - started))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.2)
+    engine.generate_sync(_req(proc, "interactive", max_tokens=2))  # not batch work: still waiting
+    assert not woke
+    done = threading.Event()
+    batch = _req(proc, "batch", max_tokens=2, priority=1)
+    engine.submit(batch, lambda ev: done.set() if ev.finished else None)
+    thread.join(10)
+    assert woke and woke[0][0] is True and woke[0][1] < 10
+    assert done.wait(30)
+    assert engine.wait_for_batch_work(0.01) is False  # finished: no batch work left
