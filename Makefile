@@ -45,7 +45,8 @@ bench: bench-engine bench-service bench-decode bench-redis-parser bench-request-
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
 
-# three interleaved runs a level: one run's ratio spreads +-15 % on a shared 2-core host (~17 min)
+# three interleaved runs a level: one run's ratio spreads +-15 % on a shared 2-core host (~9 min,
+# 5 of them the sustained memory run)
 bench-service: venv
 	$(BIN)/python -m bench.service_bench --repeats 3
 
