@@ -34,7 +34,13 @@ def run_of(result: dict[str, Any], mode: str, concurrency: int, repeat: int = 1)
     )
 
 
-RATIOS = ("throughput", "e2e_p50", "e2e_p99", "e2e_p99_after_ramp", "ttft_p50")
+RATIO_LABELS = {  # each ratio of vlmq-openai to the peer, as the report names it
+    "throughput": "throughput",
+    "e2e_p50": "e2e p50",
+    "e2e_p99": "e2e p99",
+    "e2e_p99_after_ramp": "e2e p99 after the ramp",
+    "ttft_p50": "TTFT p50",
+}
 
 
 def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,7 +50,7 @@ def ratios(result: dict[str, Any]) -> list[dict[str, Any]]:
     for c in result["levels"]:
         each = [r for k in range(1, result.get("repeats", 1) + 1) if (r := _ratios_of(result, c, k))]
         if each:
-            median = {name: statistics.median(r[name] for r in each) for name in RATIOS}
+            median = {name: statistics.median(r[name] for r in each) for name in RATIO_LABELS}
             rows.append({"concurrency": c, **median, "repeats": each})
     return rows
 
@@ -107,15 +113,6 @@ def latency_rows(result: dict[str, Any]) -> list[str]:
         "first round meets a cold pipeline's burst).",
     ]
     return lines
-
-
-RATIO_LABELS = {
-    "throughput": "throughput",
-    "e2e_p50": "e2e p50",
-    "e2e_p99": "e2e p99",
-    "e2e_p99_after_ramp": "e2e p99 after the ramp",
-    "ttft_p50": "TTFT p50",
-}
 
 
 def _ratio(row: dict[str, Any], name: str) -> str:
