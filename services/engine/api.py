@@ -20,6 +20,7 @@ class FinishReason(enum.StrEnum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"  # deadline passed before or during the run
     ERROR = "error"
+    REJECTED = "rejected"  # the prompt was refused before it ran (``error`` says why): the caller's fault
 
 
 class RequestRejected(ValueError):

@@ -1,8 +1,11 @@
 """The engine: a background thread running ``step() = schedule -> run -> postprocess``.
 
-Callers on any thread ``submit`` requests (validated and tokenized on their own thread) and receive
-``TokenEvent`` callbacks from the engine thread; ``cancel`` and deadlines take effect at the next
-step. One model forward at a time, always on the engine thread.
+Callers on any thread ``submit`` requests and receive ``TokenEvent`` callbacks from the engine
+thread; ``cancel`` and deadlines take effect at the next step. One model forward at a time, always
+on the engine thread. ``submit`` makes only the checks that cost nothing (and compiles a structured
+request's grammar); the engine thread renders and tokenizes the prompts of what was submitted before
+each step, so a submitting thread never holds the GIL against the forwards (on a small CPU host the
+contention cost more than the work), and a prompt it refuses ends with ``FinishReason.REJECTED``.
 
 Faults stay small: a failed step fails its own sequences (a NaN/inf row only itself); only
 ``max_failed_steps`` failed steps in a row or a device error make the engine unhealthy, and an
@@ -30,7 +33,7 @@ from services.engine.prompt import PromptBuilder
 from services.engine.runner import Caches, ModelRunner
 from services.engine.sampling import is_greedy, make_generator, sample
 from services.engine.scheduler import ScheduledBatch, Scheduler
-from services.engine.sequence import Prompt, Sequence
+from services.engine.sequence import Prompt, Sequence, Submission
 from services.engine.stats import EngineStats
 from services.engine.vision import VisionPrefetcher
 
@@ -63,10 +66,11 @@ class Engine:
         )
         self._stats = EngineStats(max_batch=max_batch)
         self._cv = threading.Condition()
-        self._inbox: list[Sequence] = []
+        self._submitted: list[Submission] = []  # accepted, prompts not yet rendered
+        self._inbox: list[Sequence] = []  # rendered, not yet handed to the scheduler
         self._cancels: set[str] = set()
         self._forward_lock = threading.Lock()  # one forward at a time per model (step or prewarm)
-        self._known: dict[str, Sequence] = {}  # submitted and not yet finished
+        self._known: dict[str, GenerationRequest] = {}  # submitted and not yet finished
         self._batch_submitted = threading.Event()  # ``wait_for_batch_work``
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -166,16 +170,26 @@ class Engine:
         self._prepare(request)
 
     def _prepare(self, request: GenerationRequest) -> tuple[Prompt, Any]:
-        """The prompt, and the grammar matcher of a structured request (compiled here, on the
+        """Everything ``submit`` and the engine thread check, here at once: the prompt and the
+        grammar matcher, or RequestRejected."""
+        grammar = self._accept(request)
+        try:
+            return self.prompts.render(request), grammar
+        except RequestRejected:
+            self._stats.rejected += 1
+            raise
+
+    def _accept(self, request: GenerationRequest) -> Any:
+        """``submit``'s checks; the grammar matcher of a structured request (compiled here, on the
         caller's thread, never on the engine's)."""
         try:
             if self._stopping:
                 raise RequestRejected("engine is stopping")
             if not request.request_id or request.request_id in self._known:
                 raise RequestRejected(f"request_id {request.request_id!r} is empty or already in flight")
-            prompt = self.prompts.build(request)
+            self.prompts.check(request)
             structured = request.sampling.structured
-            return prompt, self.grammars.get().matcher(structured) if structured else None
+            return self.grammars.get().matcher(structured) if structured else None
         except RequestRejected:
             self._stats.rejected += 1
             raise
@@ -189,17 +203,19 @@ class Engine:
         self, items: list[tuple[GenerationRequest, EventCallback]]
     ) -> list[RequestRejected | None]:
         """Submit several requests at once: they reach the scheduler together, so an idle engine
-        prefills them in one step. Per request: None (submitted) or why it was refused.
-        While requests are being prepared (here, on any thread), an idle engine holding others
+        prefills them in one step. Per request: None (submitted) or why it was refused now; a
+        submitted request whose prompt the engine thread then refuses (image tensors, the chat
+        template, the context length) ends with a ``FinishReason.REJECTED`` event saying why.
+        While requests are being submitted (here, on any thread), an idle engine holding others
         waits for them up to the admission window: requests that arrive together share a prefill."""
         outcome: list[RequestRejected | None] = [None] * len(items)
-        ready: list[tuple[int, Sequence]] = []
+        accepted: list[tuple[int, Submission]] = []
         with self._cv:
             self._preparing += 1
         try:
             for i, (request, on_event) in enumerate(items):
                 try:
-                    ready.append((i, self._sequence(request, on_event)))
+                    accepted.append((i, Submission(request, on_event, self._accept(request))))
                 except RequestRejected as exc:
                     outcome[i] = exc
         finally:
@@ -207,33 +223,62 @@ class Engine:
                 self._preparing -= 1
                 self._cv.notify_all()
         with self._cv:
-            for i, seq in ready:
-                if seq.id in self._known:  # submitted meanwhile, or twice in this call
-                    outcome[i] = RequestRejected(f"request_id {seq.id!r} already in flight")
+            for i, sub in accepted:
+                rid = sub.request.request_id
+                if rid in self._known:  # submitted meanwhile, or twice in this call
+                    outcome[i] = RequestRejected(f"request_id {rid!r} already in flight")
                     continue
-                self._known[seq.id] = seq
-                self._inbox.append(seq)
+                self._known[rid] = sub.request
+                self._submitted.append(sub)
                 self._stats.submitted += 1
-                if seq.request.priority > 0:
+                if sub.request.priority > 0:
                     self._batch_submitted.set()
             self._cv.notify_all()
-        if self.runner.prefetcher is not None:
-            for i, seq in ready:
-                if outcome[i] is None:
-                    self.runner.prefetcher.add(seq)
         return outcome
 
-    def _sequence(self, request: GenerationRequest, on_event: EventCallback) -> Sequence:
-        prompt, grammar = self._prepare(request)
+    def _sequence(self, sub: Submission) -> Sequence:
+        request = sub.request
         return Sequence(
             request=request,
-            prompt=prompt,
-            on_event=on_event,
+            prompt=self.prompts.render(request),
+            on_event=sub.on_event,
             detok=Detokenizer(self.tokenizer, request.sampling.stop),
             eos_ids=self.eos_ids,
+            arrival=sub.arrival,
             generator=None if is_greedy(request.sampling) else make_generator(request.sampling.seed),
-            grammar=grammar,
+            grammar=sub.grammar,
         )
+
+    def _render_submitted(self) -> None:
+        """Make the submitted requests sequences (on the engine thread, outside the lock: submitting
+        threads are not held up); refuse those whose prompt does not pass."""
+        with self._cv:
+            subs, self._submitted = self._submitted, []
+        ready: list[Sequence] = []
+        for sub in subs:
+            try:
+                ready.append(self._sequence(sub))
+            except RequestRejected as exc:
+                self._stats.rejected += 1
+                self._refuse(sub, FinishReason.REJECTED, str(exc))
+            except Exception as exc:  # a bug in rendering: this request fails, the engine goes on
+                log.exception("request %s: the prompt could not be prepared", sub.request.request_id)
+                self._stats.errors += 1
+                self._refuse(sub, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        if not ready:
+            return
+        with self._cv:
+            self._inbox.extend(ready)
+        if self.runner.prefetcher is not None:
+            for seq in ready:
+                self.runner.prefetcher.add(seq)
+
+    def _refuse(self, sub: Submission, reason: FinishReason, error: str) -> None:
+        with self._cv:
+            self._stats.finished[reason.value] = self._stats.finished.get(reason.value, 0) + 1
+            self._known.pop(sub.request.request_id, None)
+        rid, waited = sub.request.request_id, Timings(queue=time.monotonic() - sub.arrival)
+        self._emit_to(sub.on_event, rid, TokenEvent(rid, (), "", 0, reason, error, Usage(), waited))
 
     def add_step_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` on the engine thread after every step, once the step's events were
@@ -289,7 +334,8 @@ class Engine:
     def stats(self) -> EngineStats:
         with self._cv:
             s = self._stats
-            s.running, s.waiting = len(self.scheduler.running), len(self.scheduler.waiting) + len(self._inbox)
+            queued = len(self.scheduler.waiting) + len(self._inbox) + len(self._submitted)
+            s.running, s.waiting = len(self.scheduler.running), queued
             s.healthy = self._healthy
             s.caches = {c.name: c.stats() for c in self.runner.caches.all()}
             return EngineStats(
@@ -326,13 +372,13 @@ class Engine:
         """Nothing to step although work is here (held batch work): sleep until something changes
         (a submission, a cancel, the hold's end) or a held sequence may have aged in."""
         with self._cv:
-            if not (self._inbox or self._cancels or self._stopping):
+            if not (self._submitted or self._inbox or self._cancels or self._stopping):
                 self._cv.wait(timeout=HELD_RECHECK_S)
 
     def has_batch_work(self) -> bool:
         """A batch-priority request is submitted and not finished (only then can a hold matter)."""
         with self._cv:
-            return any(seq.request.priority > 0 for seq in self._known.values())
+            return any(request.priority > 0 for request in self._known.values())
 
     def wait_for_batch_work(self, timeout: float) -> bool:
         """``has_batch_work``, waiting up to ``timeout`` for a batch-priority submission when there is
@@ -352,13 +398,18 @@ class Engine:
                 self._cv.notify_all()
 
     def _next_work(self) -> bool:
-        """Hand submissions and cancels to the scheduler; wait while idle. False: stopped and idle."""
-        with self._cv:  # only hand-over under the lock; the step runs without it
-            while True:
+        """Render submissions, hand them and cancels to the scheduler; wait while idle. False: stopped
+        and idle."""
+        while True:
+            self._render_submitted()
+            with self._cv:  # only hand-over under the lock; rendering and the step run without it
+                if self._submitted:  # more came while rendering
+                    continue
                 for seq in self._inbox:
                     self.scheduler.add(seq)
                 for rid in self._cancels:
-                    self.scheduler.cancel(rid)
+                    if rid in self._known:  # not refused while its prompt was rendered
+                        self.scheduler.cancel(rid)
                 self._inbox.clear()
                 self._cancels.clear()
                 if self.scheduler.has_work():
@@ -571,10 +622,14 @@ class Engine:
 
     @staticmethod
     def _emit(seq: Sequence, event: TokenEvent) -> None:
+        Engine._emit_to(seq.on_event, seq.id, event)
+
+    @staticmethod
+    def _emit_to(on_event: EventCallback, request_id: str, event: TokenEvent) -> None:
         try:
-            seq.on_event(event)
+            on_event(event)
         except Exception:  # a broken listener must not take the engine down
-            log.exception("on_event callback failed for %s", seq.id)
+            log.exception("on_event callback failed for %s", request_id)
 
 
 def _is_device_error(exc: Exception) -> bool:

@@ -37,10 +37,19 @@ class PromptBuilder:
 
     def build(self, request: GenerationRequest) -> Prompt:
         """Validate ``request`` and return its prompt; raises RequestRejected with the reason."""
+        self.check(request)
+        return self.render(request)
+
+    def check(self, request: GenerationRequest) -> None:
+        """The checks that cost nothing (the engine makes them on the submitting thread)."""
         check_sampling(request.sampling, self.config)
         n_parts = count_image_parts(request.messages)
         if n_parts != len(request.images):
             raise RequestRejected(f"{len(request.images)} images given for {n_parts} image parts in messages")
+
+    def render(self, request: GenerationRequest) -> Prompt:
+        """The prompt of a ``check``ed request: image tensors checked, template rendered, tokens
+        counted against the context (the engine does this on its own thread)."""
         for i, image in enumerate(request.images):
             self.arch.check_image(image, i)
         ids = self.tokenize(request.messages)

@@ -48,6 +48,17 @@ class Prompt:
 
 
 @dataclass(eq=False)
+class Submission:
+    """A request ``submit`` accepted: its prompt is rendered on the engine thread, which then makes
+    it a ``Sequence`` (or refuses it with a finished event)."""
+
+    request: GenerationRequest
+    on_event: Callable[[TokenEvent], None]
+    grammar: Any  # the matcher of a structured request (compiled on the submitting thread), else None
+    arrival: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
 class Sequence:
     request: GenerationRequest
     prompt: Prompt

@@ -59,6 +59,8 @@ def outcome(diverged: str | None, event: TokenEvent) -> Outcome:
         return Outcome("done", JobStatus.DONE, str(reason))
     if reason is FinishReason.CANCELLED:
         return Outcome("status", JobStatus.CANCELLED, "cancelled", None, ErrorCode.CANCELLED)
+    if reason is FinishReason.REJECTED:  # the engine refused the prompt: the request's fault
+        return Outcome("error", JobStatus.FAILED, "error", event.error, ErrorCode.INVALID_REQUEST)
     if reason is FinishReason.EXPIRED:
         error = "deadline passed during generation"
         return Outcome("status", JobStatus.EXPIRED, "expired", error, ErrorCode.EXPIRED)

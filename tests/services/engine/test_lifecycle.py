@@ -95,7 +95,8 @@ def test_window_groups_arrivals_into_one_prefill(bundled, make_engine):
 
     def on_event(ev: TokenEvent) -> None:
         events.append(ev)
-        done.release() if ev.finished else None
+        if ev.finished:
+            done.release()
 
     engine.submit(_req(proc, "a", max_tokens=200), on_event)
     while not events:
@@ -118,7 +119,6 @@ def test_window_groups_arrivals_into_one_prefill(bundled, make_engine):
         (dict(sampling=SamplingParams(stop=("",))), "stop"),
         (dict(images=[]), "images given for 1 image parts"),
         (dict(messages=[]), "non-empty"),
-        (dict(messages=[user("x" * 12000)]), "exceeds the context"),
     ],
 )
 def test_bad_requests_are_refused(bundled, make_engine, change, match):
@@ -128,7 +128,46 @@ def test_bad_requests_are_refused(bundled, make_engine, change, match):
     req = GenerationRequest(**{**base.__dict__, **change})
     with pytest.raises(RequestRejected, match=match):
         engine.submit(req, lambda ev: None)
+    with pytest.raises(RequestRejected, match=match):
+        engine.validate(req)
     assert engine.stats().submitted == 0
+
+
+def test_a_prompt_refused_on_the_engine_thread_ends_with_a_rejected_event(bundled, make_engine):
+    """What only the prompt shows (image tensors, the context) is checked on the engine thread:
+    the request ends with one REJECTED event saying why, its id is free again, the others run."""
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False, max_context_tokens=2048)
+    good = image_input(proc, draw_image(1))
+    too_long = GenerationRequest("long", [user("x" * 12000)], [good], SamplingParams(max_tokens=4))
+    bad_tensor = ImageInput(good.pixel_values[:-4], good.image_grid_thw, good.digest)
+    cut = GenerationRequest("tensor", [user("hi")], [bad_tensor], SamplingParams(max_tokens=4))
+    cases = {"long": (too_long, "exceeds the context"), "tensor": (cut, "shape")}
+    for req, match in cases.values():
+        with pytest.raises(RequestRejected, match=match):
+            engine.validate(req)  # the same checks, at once, for callers that want them
+    events: dict[str, list] = {}
+    done = threading.Semaphore(0)
+
+    def on_event(ev):
+        events.setdefault(ev.request_id, []).append(ev)
+        if ev.finished:
+            done.release()
+
+    ok = _req(proc, "ok")
+    assert engine.submit_many([(req, on_event) for req, _ in cases.values()] + [(ok, on_event)]) == [None] * 3
+    for _ in range(3):
+        assert done.acquire(timeout=60)
+    for rid, (_, match) in cases.items():
+        (event,) = events[rid]
+        assert event.finish_reason is FinishReason.REJECTED and match in (event.error or "")
+        assert event.token_ids == () and event.usage is not None and event.usage.completion_tokens == 0
+    assert events["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    stats = engine.stats()
+    assert stats.rejected == 2 + 2 and stats.finished.get("rejected") == 2  # two validate calls too
+    assert stats.waiting == 0 and stats.running == 0
+    engine.submit(GenerationRequest("long", [user("hi")], [good], SamplingParams(max_tokens=2)), on_event)
+    assert done.acquire(timeout=60) and events["long"][-1].finish_reason is not FinishReason.REJECTED
 
 
 def test_bad_tensors_are_refused(bundled, make_engine):

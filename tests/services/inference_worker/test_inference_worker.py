@@ -205,6 +205,24 @@ def test_malformed_job_fails_without_crashing_the_worker(inference_stack: Servic
     assert inference_stack.procs["inference"].pid == pid and inference_stack.procs["inference"].alive()
 
 
+def test_a_prompt_the_engine_refuses_fails_its_job_as_the_requests_fault(
+    inference_stack: ServiceStack,
+) -> None:
+    """The engine thread renders prompts: one past the context ends its job `invalid_request` (not
+    internal), and the worker goes on serving."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    spec = J.make_spec(prompt="x" * 12000, max_tokens=4)
+    r.hset(keys.job(spec.job_id), mapping={**new_job_hash(spec), "status": "waiting"})
+    r.xadd(keys.inference_stream(), {"job_id": spec.job_id})
+    assert finished(inference_stack, spec.job_id) is JobStatus.FAILED
+    record = J.job(r, keys, spec.job_id)
+    assert record.error_code == ErrorCode.INVALID_REQUEST and "exceeds the context" in (record.error or "")
+    assert tokens(inference_stack, spec.job_id) == []
+    follow_up = submit(inference_stack, max_tokens=2, seed=9)
+    assert finished(inference_stack, follow_up.job_id) is JobStatus.DONE
+    wait_for(lambda: r.xpending(keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0, 5, what="acked")
+
+
 def test_retry_that_diverges_from_streamed_tokens_fails_instead_of_mixing(
     inference_stack: ServiceStack,
 ) -> None:
