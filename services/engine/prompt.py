@@ -1,4 +1,5 @@
-"""Request validation and prompt building, done on the caller's thread before the engine sees it.
+"""Request validation and prompt building: ``check`` (free, on the submitting thread) and ``render``
+(on the engine thread, before the request reaches the scheduler).
 
 The conversation is rendered by the model's chat template (the whole history every turn), tokenized,
 and each image placeholder token is expanded to the image's token count, exactly as the HF processor
