@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from bench.common import draw_image, image_input
-from services.engine import Engine, GenerationRequest, SamplingParams, TokenEvent
+from services.engine import Engine, FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 QUESTIONS = [
     "What colour is the circle?",
@@ -30,6 +30,7 @@ QUESTIONS = [
     "How many circles are there?",
 ]
 _ids = itertools.count()
+Done = Callable[["str | None"], None]  # a request ended: None, or why it failed
 
 
 @dataclass
@@ -92,11 +93,11 @@ class NaiveServer:
     def __init__(self, model: Any, max_new_tokens: int) -> None:
         self.model = model
         self.max_new = max_new_tokens
-        self.q: queue.Queue[tuple[Item, Callable[[], None]] | None] = queue.Queue()
+        self.q: queue.Queue[tuple[Item, Done] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def submit(self, item: Item, session_id: str | None, done: Callable[[], None]) -> None:
+    def submit(self, item: Item, session_id: str | None, done: Done) -> None:
         self.q.put((item, done))  # no state kept between turns: every turn recomputes its history
 
     def _run(self) -> None:
@@ -104,21 +105,25 @@ class NaiveServer:
             item, done = job
             with torch.inference_mode():
                 self.model.generate(**item.inputs, max_new_tokens=self.max_new, do_sample=False)
-            done()
+            done(None)
 
     def close(self) -> None:
         self.q.put(None)
         self.thread.join()
 
 
-Submit = Callable[[Item, "str | None", Callable[[], None]], None]
+Submit = Callable[[Item, "str | None", Done], None]
 
 
 def engine_submitter(engine: Engine, sampling: SamplingParams) -> Submit:
-    def submit(item: Item, session_id: str | None, done: Callable[[], None]) -> None:
-        engine.submit(
-            item.request(sampling, session_id=session_id), lambda ev: done() if ev.finished else None
-        )
+    def submit(item: Item, session_id: str | None, done: Done) -> None:
+        def on_event(ev: TokenEvent) -> None:
+            if ev.finish_reason in (FinishReason.REJECTED, FinishReason.ERROR):
+                done(f"{ev.request_id} ended {ev.finish_reason}: {ev.error}")
+            elif ev.finished:
+                done(None)
+
+        engine.submit(item.request(sampling, session_id=session_id), on_event)
 
     return submit
 
@@ -150,12 +155,23 @@ class LoadResult:
         }
 
 
+class Ended(threading.Event):
+    """A ``Done`` callback a client waits on; it keeps why the request failed, if it did."""
+
+    error: str | None = None
+
+    def __call__(self, error: str | None) -> None:
+        self.error = error
+        self.set()
+
+
 def closed_loop(submit: Submit, convs: list[list[Item]], clients: int, total: int) -> LoadResult:
     """``clients`` threads, each sending its next request as soon as the previous one finished; a
     conversation's turns go in order under one session id. ``total`` conversations in all."""
     feed: Iterator[int] = iter(range(total))
     lock = threading.Lock()
     latencies: list[float] = []
+    failures: list[str] = []
 
     def client() -> None:
         while True:
@@ -165,12 +181,14 @@ def closed_loop(submit: Submit, convs: list[list[Item]], clients: int, total: in
                 return
             sid = f"conv-{next(_ids)}"
             for item in convs[i % len(convs)]:
-                done = threading.Event()
+                ended = Ended()
                 t0 = time.perf_counter()
-                submit(item, sid, done.set)
-                done.wait()
+                submit(item, sid, ended)
+                ended.wait()
                 with lock:
                     latencies.append(time.perf_counter() - t0)
+                    if ended.error:
+                        failures.append(ended.error)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     t0 = time.perf_counter()
@@ -178,6 +196,8 @@ def closed_loop(submit: Submit, convs: list[list[Item]], clients: int, total: in
         t.start()
     for t in threads:
         t.join()
+    if failures:  # a bench that counts failed requests as served measures nothing
+        raise RuntimeError(f"{len(failures)} requests failed, e.g. {failures[0]}")
     return LoadResult(clients, len(latencies), time.perf_counter() - t0, latencies)
 
 

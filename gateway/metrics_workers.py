@@ -30,11 +30,15 @@ ENGINE_COUNTERS = {  # CounterMetricFamily adds the _total
     "prompt_tokens": ("vlmq_prompt_tokens", "Prompt tokens of sequences that produced a first token"),
     "cached_tokens": ("vlmq_prompt_tokens_cached", "Prompt tokens served from the prefix or session cache"),
     "generated_tokens": ("vlmq_generation_tokens", "Tokens generated"),
-    "submitted": ("vlmq_engine_requests_submitted", "Requests the engine accepted"),
-    "rejected": ("vlmq_engine_requests_rejected", "Requests the engine refused before running them"),
-    "errors": ("vlmq_engine_errors", "Engine steps that raised"),
+    "submitted": ("vlmq_engine_requests_submitted", "Requests the engine accepted at submit"),
+    "rejected": (
+        "vlmq_engine_requests_rejected",
+        "Requests the engine refused before running them (at submit, or their prompt on its thread)",
+    ),
+    "errors": ("vlmq_engine_errors", "Sequences failed by a step or by an error rendering their prompt"),
     "forward_cpu_s": ("vlmq_engine_forward_cpu_seconds", "Engine-thread CPU inside prefill and decode"),
     "step_cpu_s": ("vlmq_engine_step_cpu_seconds", "Engine-thread CPU of whole steps"),
+    "prompt_cpu_s": ("vlmq_engine_prompt_cpu_seconds", "Engine-thread CPU rendering submitted prompts"),
 }
 # EngineStats {size: steps} field -> (histogram, help)
 BATCH_HISTOGRAMS = {

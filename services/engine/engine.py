@@ -176,7 +176,7 @@ class Engine:
         try:
             return self.prompts.render(request), grammar
         except RequestRejected:
-            self._stats.rejected += 1
+            self._count_rejected()
             raise
 
     def _accept(self, request: GenerationRequest) -> Any:
@@ -191,8 +191,12 @@ class Engine:
             structured = request.sampling.structured
             return self.grammars.get().matcher(structured) if structured else None
         except RequestRejected:
-            self._stats.rejected += 1
+            self._count_rejected()
             raise
+
+    def _count_rejected(self) -> None:
+        with self._cv:  # submitting threads and the engine thread both count
+            self._stats.rejected += 1
 
     def submit(self, request: GenerationRequest, on_event: EventCallback) -> None:
         (refused,) = self.submit_many([(request, on_event)])
@@ -218,23 +222,30 @@ class Engine:
                     accepted.append((i, Submission(request, on_event, self._accept(request))))
                 except RequestRejected as exc:
                     outcome[i] = exc
+            with self._cv:  # one block with the count: a waiting engine wakes to find them queued
+                for i, sub in accepted:
+                    outcome[i] = self._enqueue(sub)
         finally:
             with self._cv:
                 self._preparing -= 1
                 self._cv.notify_all()
-        with self._cv:
-            for i, sub in accepted:
-                rid = sub.request.request_id
-                if rid in self._known:  # submitted meanwhile, or twice in this call
-                    outcome[i] = RequestRejected(f"request_id {rid!r} already in flight")
-                    continue
-                self._known[rid] = sub.request
-                self._submitted.append(sub)
-                self._stats.submitted += 1
-                if sub.request.priority > 0:
-                    self._batch_submitted.set()
-            self._cv.notify_all()
         return outcome
+
+    def _enqueue(self, sub: Submission) -> RequestRejected | None:
+        """Queue an accepted request for rendering (under ``_cv``), or say why not after all."""
+        rid = sub.request.request_id
+        if self._stopping:  # stop() came while it was being accepted: the thread may be gone
+            self._stats.rejected += 1
+            return RequestRejected("engine is stopping")
+        if rid in self._known:  # submitted meanwhile, or twice in this call
+            self._stats.rejected += 1
+            return RequestRejected(f"request_id {rid!r} already in flight")
+        self._known[rid] = sub.request
+        self._submitted.append(sub)
+        self._stats.submitted += 1
+        if sub.request.priority > 0:
+            self._batch_submitted.set()
+        return None
 
     def _sequence(self, sub: Submission) -> Sequence:
         request = sub.request
@@ -254,24 +265,28 @@ class Engine:
         threads are not held up); refuse those whose prompt does not pass."""
         with self._cv:
             subs, self._submitted = self._submitted, []
+        if not subs:
+            return
+        started = time.thread_time()
         ready: list[Sequence] = []
         for sub in subs:
             try:
                 ready.append(self._sequence(sub))
             except RequestRejected as exc:
-                self._stats.rejected += 1
+                self._count_rejected()
                 self._refuse(sub, FinishReason.REJECTED, str(exc))
             except Exception as exc:  # a bug in rendering: this request fails, the engine goes on
                 log.exception("request %s: the prompt could not be prepared", sub.request.request_id)
                 self._stats.errors += 1
                 self._refuse(sub, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
-        if not ready:
-            return
         with self._cv:
             self._inbox.extend(ready)
         if self.runner.prefetcher is not None:
             for seq in ready:
                 self.runner.prefetcher.add(seq)
+        self._stats.prompt_cpu_s += time.thread_time() - started
+        if len(ready) < len(subs):  # refusals were emitted: listeners flush them as after a step
+            self._notify_step_listeners()
 
     def _refuse(self, sub: Submission, reason: FinishReason, error: str) -> None:
         with self._cv:
@@ -363,10 +378,13 @@ class Engine:
                     self.runner.reset()
                     self._end_step([(seq, exc) for seq in self.scheduler.running], ran=False)
             self._stats.step_cpu_s += time.thread_time() - started
-            for listener in self._step_listeners:
-                listener()
+            self._notify_step_listeners()
             if not (batch.prefill or batch.decode or batch.dropped):
                 self._wait_for_change()
+
+    def _notify_step_listeners(self) -> None:
+        for listener in self._step_listeners:
+            listener()
 
     def _wait_for_change(self) -> None:
         """Nothing to step although work is here (held batch work): sleep until something changes
@@ -398,29 +416,35 @@ class Engine:
                 self._cv.notify_all()
 
     def _next_work(self) -> bool:
-        """Render submissions, hand them and cancels to the scheduler; wait while idle. False: stopped
-        and idle."""
+        """Render submissions (once a pass: a stream of them never holds up the running rows), hand
+        them and cancels to the scheduler; wait while idle. False: stopped and idle."""
         while True:
             self._render_submitted()
             with self._cv:  # only hand-over under the lock; rendering and the step run without it
-                if self._submitted:  # more came while rendering
-                    continue
-                for seq in self._inbox:
-                    self.scheduler.add(seq)
-                for rid in self._cancels:
-                    if rid in self._known:  # not refused while its prompt was rendered
-                        self.scheduler.cancel(rid)
-                self._inbox.clear()
-                self._cancels.clear()
+                self._hand_over()
                 if self.scheduler.has_work():
                     wait = self._join_wait()
                     if wait <= 0:
                         return True
                     self._cv.wait(timeout=wait)  # others are being submitted right now: let them join
                     continue
+                if self._submitted:  # came while rendering: render them now
+                    continue
                 if self._stopping:
                     return False
                 self._cv.wait(timeout=1.0)
+
+    def _hand_over(self) -> None:
+        """Rendered sequences and cancels to the scheduler (under ``_cv``); a cancel of a request not
+        rendered yet waits for the next pass, one of a request that ended already is dropped."""
+        for seq in self._inbox:
+            self.scheduler.add(seq)
+        self._inbox.clear()
+        pending = {sub.request.request_id for sub in self._submitted} if self._submitted else set()
+        for rid in self._cancels - pending:
+            if rid in self._known:
+                self.scheduler.cancel(rid)
+        self._cancels &= pending
 
     def _join_wait(self) -> float:
         """Seconds an idle engine waits before its first prefill: while other submissions are being

@@ -113,14 +113,15 @@ class PromptBuilder:
             raise RequestRejected(f"prompt has {found} image placeholders for {len(request.images)} images")
         out: list[int] = []
         spans: list[ImageSpan] = []
-        for t in ids:
-            if t != tok:
-                out.append(t)
-                continue
-            image = request.images[len(spans)]
+        start = 0
+        for index, image in enumerate(request.images):  # slices between placeholders: no per-token loop
+            at = ids.index(tok, start)
+            out += ids[start:at]
             n = self.arch.tokens_per_image(image)
-            spans.append(ImageSpan(len(out), len(out) + n, len(spans), image.digest))
-            out.extend([tok] * n)
+            spans.append(ImageSpan(len(out), len(out) + n, index, image.digest))
+            out += [tok] * n
+            start = at + 1
+        out += ids[start:]
         return out, spans
 
 

@@ -22,13 +22,14 @@ class EngineStats:
     prefill_sizes: dict[int, int] = field(default_factory=dict)  # sequences prefilled together -> steps
     forward_cpu_s: float = 0.0  # engine-thread CPU inside prefill/decode (vision, forwards, KV)
     step_cpu_s: float = 0.0  # engine-thread CPU of whole steps (scheduling, sampling, events too)
+    prompt_cpu_s: float = 0.0  # engine-thread CPU rendering submitted prompts (outside the steps)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix/session cache
     generated_tokens: int = 0
-    submitted: int = 0
-    rejected: int = 0
+    submitted: int = 0  # accepted by submit (a prompt refused later counts here and in finished)
+    rejected: int = 0  # refused: by submit, by ``validate``, or on the engine thread (finished "rejected")
     finished: dict[str, int] = field(default_factory=dict)  # finish reason -> count
-    errors: int = 0
+    errors: int = 0  # sequences failed by a step, or by an error rendering their prompt
     failed_steps: int = 0  # steps in a row in which every sequence failed (a step that runs resets it)
     caches: dict[str, CacheStats] = field(default_factory=dict)
 

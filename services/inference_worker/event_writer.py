@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from services.engine.api import TokenEvent
+from services.engine.api import FinishReason, TokenEvent
 from services.inference_worker.after_finish import Finished, FinishEffects, WriterConfig
 from services.inference_worker.job_run import JobRun, outcome, usage_info
 from services.inference_worker.job_store import JobStore
@@ -190,7 +190,8 @@ class EventWriter(threading.Thread):
             if run.released:
                 continue
             if (part := parts.get(run.request_id)) is None:
-                part = parts[run.request_id] = _Part(run, starts_generating=not run.generating)
+                starts = not (run.generating or event.finish_reason is FinishReason.REJECTED)  # never ran
+                part = parts[run.request_id] = _Part(run, starts_generating=starts)
                 if part.starts_generating:
                     self.store.set_status(run.job_id, JobStatus.GENERATING, run.attempt, client=pipe)
             self._tokens(part, event)

@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from services.engine import Engine, GenerationRequest, ImageInput, SamplingParams
+from services.engine import Engine, FinishReason, GenerationRequest, ImageInput, SamplingParams, TokenEvent
 from services.inference_worker.engine_request import image_input
 from services.vlm.image_processor import ImageProcessorHandle
 
@@ -61,12 +61,26 @@ def warmup_requests(
 def run_together(engine: Engine, requests: list[GenerationRequest], timeout_s: float) -> None:
     """Submit all at once (they share prefills and decode steps) and wait until every one ended."""
     left = threading.Semaphore(0)
-    callback = lambda event: left.release() if event.finished else None  # noqa: E731
+    ends: list[TokenEvent] = []
+
+    def callback(event: TokenEvent) -> None:
+        if event.finished:
+            ends.append(event)
+            left.release()
+
     refused = engine.submit_many([(request, callback) for request in requests])
     deadline = time.monotonic() + timeout_s
     for _ in range(sum(r is None for r in refused)):
         if not left.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise TimeoutError("warm-up requests did not finish in time")
+    for end in ends:
+        raise_if_failed(end)
+
+
+def raise_if_failed(end: TokenEvent) -> None:
+    """A dummy the engine refused or failed: the warm-up did not warm anything up."""
+    if end.finish_reason in (FinishReason.REJECTED, FinishReason.ERROR):
+        raise RuntimeError(f"warm-up request {end.request_id} ended {end.finish_reason}: {end.error}")
 
 
 def warm_up(engine: Engine, pixels: ImageProcessorHandle, n: int, timeout_s: float = 300.0) -> float:
@@ -78,7 +92,7 @@ def warm_up(engine: Engine, pixels: ImageProcessorHandle, n: int, timeout_s: flo
     started = time.perf_counter()
     try:
         first, *rest = warmup_requests(engine, pixels, n)
-        engine.generate_sync(first, timeout_s)
+        raise_if_failed(engine.generate_sync(first, timeout_s)[-1])
         if rest:
             run_together(engine, rest, timeout_s)
     except Exception:

@@ -13,6 +13,7 @@ import torch
 
 from bench.common import draw_image, image_input
 from services.engine import (
+    Engine,
     FinishReason,
     GenerationRequest,
     ImageInput,
@@ -165,7 +166,7 @@ def test_a_prompt_refused_on_the_engine_thread_ends_with_a_rejected_event(bundle
     assert events["ok"][-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     stats = engine.stats()
     assert stats.rejected == 2 + 2 and stats.finished.get("rejected") == 2  # two validate calls too
-    assert stats.waiting == 0 and stats.running == 0
+    assert stats.waiting == 0 and stats.running == 0 and stats.prompt_cpu_s > 0
     engine.submit(GenerationRequest("long", [user("hi")], [good], SamplingParams(max_tokens=2)), on_event)
     assert done.acquire(timeout=60) and events["long"][-1].finish_reason is not FinishReason.REJECTED
 
@@ -414,3 +415,87 @@ def test_waiting_for_batch_work_wakes_on_a_batch_submission_only(bundled, make_e
     assert woke and woke[0][0] is True and woke[0][1] < 10
     assert done.wait(30)
     assert engine.wait_for_batch_work(0.01) is False  # finished: no batch work left
+
+
+def test_a_refusal_on_an_idle_engine_reaches_the_step_listeners_at_once(bundled, make_engine):
+    """A writer flushes per step: refusals made while rendering, with no step after them, are
+    followed by a listener call like a step's events."""
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False, max_context_tokens=2048)
+    order: list[str] = []
+    engine.add_step_listener(lambda: order.append("listener"))
+    flushed = threading.Event()
+    engine.add_step_listener(flushed.set)
+    good = image_input(proc, draw_image(1))
+    too_long = GenerationRequest("long", [user("x" * 12000)], [good], SamplingParams(max_tokens=4))
+    engine.submit(too_long, lambda ev: order.append(f"event:{ev.finish_reason}"))
+    assert flushed.wait(5)
+    assert order[:2] == ["event:rejected", "listener"]
+
+
+def test_running_rows_step_while_submissions_keep_coming(bundled, make_engine):
+    """Prompts are rendered once per pass of the loop: submissions that keep arriving while others
+    render (four clients, each sending its next prompt when the last was refused: refusals free no
+    slot and need no step) do not hold up the running sequence."""
+    model, proc = bundled
+    engine = make_engine(model, proc, prewarm=False, max_context_tokens=2048)
+    done = threading.Event()
+    engine.submit(_req(proc, "runner", max_tokens=64), lambda ev: done.set() if ev.finished else None)
+    good = image_input(proc, draw_image(1))
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            ended = threading.Event()
+            req = GenerationRequest(f"c{k}-{i}", [user("x" * 12000)], [good], SamplingParams(max_tokens=4))
+            engine.submit(req, lambda ev, ended=ended: ended.set() if ev.finished else None)
+            ended.wait(10)
+
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in clients:
+        t.start()
+    try:
+        assert done.wait(30), "the running sequence never finished while prompts kept arriving"
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert engine.stats().finished.get("rejected", 0) > 0
+
+
+def test_a_submission_racing_stop_is_refused_or_finished(bundled, make_engine):
+    """stop() while submissions are being accepted: each one is refused or ends with an event;
+    none is left in flight."""
+    model, proc = bundled
+    for delay in (0.0, 0.01, 0.02):
+        engine = make_engine(model, proc, prewarm=False)
+        ids = [f"{delay}-{k}-{i}" for k in range(3) for i in range(40)]
+        ended, refused = _submit_while_stopping(engine, [_req(proc, rid, max_tokens=2) for rid in ids], delay)
+        assert sorted(ended + refused) == sorted(ids)
+        assert engine.stats().waiting == 0 and not engine._known
+
+
+def _submit_while_stopping(
+    engine: Engine, requests: list[GenerationRequest], delay: float
+) -> tuple[list[str], list[str]]:
+    """Three threads submit ``requests`` while the engine stops after ``delay``: (ended, refused)."""
+    ended: list[str] = []
+    refused: list[str] = []
+
+    def submitter(share: list[GenerationRequest]) -> None:
+        for req in share:
+            try:
+                engine.submit(req, lambda ev: ended.append(ev.request_id) if ev.finished else None)
+            except RequestRejected:
+                refused.append(req.request_id)
+
+    threads = [threading.Thread(target=submitter, args=(requests[k::3],)) for k in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(delay)
+    engine.stop(drain_timeout_s=0.05)
+    for t in threads:
+        t.join()
+    return ended, refused

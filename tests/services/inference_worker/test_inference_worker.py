@@ -218,6 +218,8 @@ def test_a_prompt_the_engine_refuses_fails_its_job_as_the_requests_fault(
     record = J.job(r, keys, spec.job_id)
     assert record.error_code == ErrorCode.INVALID_REQUEST and "exceeds the context" in (record.error or "")
     assert tokens(inference_stack, spec.job_id) == []
+    statuses = [e.status for e in J.events(r, keys, spec.job_id) if e.status]
+    assert "generating" not in statuses and statuses[-1] is JobStatus.FAILED  # it never ran
     follow_up = submit(inference_stack, max_tokens=2, seed=9)
     assert finished(inference_stack, follow_up.job_id) is JobStatus.DONE
     wait_for(lambda: r.xpending(keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0, 5, what="acked")
