@@ -138,8 +138,13 @@ ROWS: list[tuple[str, list[Panel]]] = [
                         f"rate(vlmq_engine_forward_cpu_seconds_total{{{WORKER}}}[{RATE}])",
                         "{{worker}} forwards",
                     ),
+                    per_worker(
+                        f"rate(vlmq_engine_prompt_cpu_seconds_total{{{WORKER}}}[{RATE}])",
+                        "{{worker}} prompts",
+                    ),
                 ],
-                "CPU seconds per second of the engine thread: whole steps, and the model's forwards in them",
+                "CPU seconds per second of the engine thread: whole steps, the model's forwards in them, "
+                "and rendering submitted prompts (between steps)",
             ),
             Panel(
                 "Sequences running and waiting",

@@ -46,6 +46,7 @@ COUNTERS = {
     "vlmq_engine_errors",
     "vlmq_engine_forward_cpu_seconds",
     "vlmq_engine_step_cpu_seconds",
+    "vlmq_engine_prompt_cpu_seconds",
     "vlmq_cache_hits",
     "vlmq_cache_lookups",
     "vlmq_cache_evictions",
