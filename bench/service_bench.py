@@ -7,8 +7,9 @@ Closed loop at each concurrency: every client sends its next request when the pr
 ends, ``--rounds`` requests per client (at least 16 in all). Per level, three runs: the peer
 through the openai client (streaming), vlmq through the openai client (streaming), vlmq over
 ``/v1/chat/ws`` (TTFT over WebSocket, per-stage timings from the done event). Pipeline
-overhead: vlmq's end-to-end time at concurrency 1 minus the engine-only time
-(``Engine.generate_sync`` in process) for the same requests. Greedy, ``max_tokens`` 16, result
+overhead: vlmq's end-to-end time at concurrency 1 (over ``/v1/chat/ws``) minus the engine-only
+time (``Engine.generate_sync`` in process) for the same request, the two run back to back
+(``paired_overhead``). Greedy, ``max_tokens`` 16, result
 cache bypassed. ``--model PATH`` serves another checkpoint. Writes
 bench/results/service_bench.{json,md}.
 """
@@ -50,6 +51,7 @@ RESULTS = ROOT / "bench" / "results"
 NO_CACHE = {"Cache-Control": "no-cache"}
 MODES = ("peer-openai", "vlmq-openai", "vlmq-ws")
 REQUEST_TIMEOUT_S = 120  # a stuck request is recorded as an error, the run goes on
+PAIRED_SEED = 555  # the overhead's pictures: none of the levels' (new to every cache)
 
 
 # --- servers ---
@@ -218,39 +220,69 @@ async def run_mode(
 
 
 # --- engine only ---
-def engine_only(model: str, requests: list[BenchRequest], threads: int) -> list[tuple[float, str]]:
-    """Seconds and text of ``Engine.generate_sync`` per request (pixels made as the decode and
-    inference workers make them), with the servers' torch thread count."""
-    import torch
+class EngineOnly:
+    """``Engine.generate_sync`` in this process, one request at a time (pixels made as the decode
+    and inference workers make them, outside the timing), with the servers' torch thread count."""
 
-    import services  # noqa: F401  (registers the processor)
-    from services.engine import Engine, EngineConfig
-    from services.inference_worker.engine_request import build_request
-    from services.vlm.image_processor import ImageProcessorHandle
-    from shared.schemas import ChatTurn, JobSpec, SamplingSpec
-    from tests.support.reference import decoded_image
+    def __init__(self, model: str, threads: int) -> None:
+        import torch
 
-    torch.set_num_threads(threads)
-    engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
-    engine.prewarm()
-    engine.start()
-    handle = ImageProcessorHandle.load(model)
-    out: list[tuple[float, str]] = []
+        import services  # noqa: F401  (registers the processor)
+        from services.engine import Engine, EngineConfig
+        from services.vlm.image_processor import ImageProcessorHandle
+
+        torch.set_num_threads(threads)
+        self.engine = Engine.from_pretrained(EngineConfig(model_path=model, device="cpu"))
+        self.engine.prewarm()
+        self.engine.start()
+        self.handle = ImageProcessorHandle.load(model)
+        self.runs = 0
+
+    def run(self, req: BenchRequest) -> tuple[float, str]:
+        """Seconds and text of one request."""
+        from services.inference_worker.engine_request import build_request
+        from shared.schemas import ChatTurn, JobSpec, SamplingSpec
+        from tests.support.reference import decoded_image
+
+        spec = JobSpec(
+            job_id=f"e{req.index}",
+            created_at=time.time(),
+            messages=[ChatTurn(role="user", text=req.question, image=True)],
+            sampling=SamplingSpec(max_tokens=MAX_TOKENS),
+        )
+        self.runs += 1
+        request = build_request(spec, f"engine-{self.runs}", decoded_image(self.handle, req.image))
+        start = time.perf_counter()
+        events = self.engine.generate_sync(request, timeout_s=120)
+        return time.perf_counter() - start, "".join(e.text for e in events)
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+async def paired_overhead(
+    stack: ServiceStack, model: str, threads: int, requests: list[BenchRequest]
+) -> tuple[list[Sample], list[tuple[float, str]]]:
+    """Each request through the engine alone and through the stack (``/v1/chat/ws``) back to back,
+    the order alternating, the stack otherwise idle: the host's drift hits both halves of every pair
+    (measured minutes apart, the two medians differed by more than the overhead itself)."""
+    engine = await asyncio.to_thread(EngineOnly, model, threads)
+    ws = await connect(f"{stack.ws_url}/v1/chat/ws", max_size=None)
+    samples: list[Sample] = []
+    alone: list[tuple[float, str]] = []
     try:
-        for req in [requests[0], *requests]:  # the first run warms up and is dropped
-            spec = JobSpec(
-                job_id=f"e{req.index}",
-                created_at=time.time(),
-                messages=[ChatTurn(role="user", text=req.question, image=True)],
-                sampling=SamplingSpec(max_tokens=MAX_TOKENS),
-            )
-            request = build_request(spec, f"engine-{len(out)}", decoded_image(handle, req.image))
-            start = time.perf_counter()
-            events = engine.generate_sync(request, timeout_s=120)
-            out.append((time.perf_counter() - start, "".join(e.text for e in events)))
+        await asyncio.to_thread(engine.run, requests[0])  # warm-up, dropped
+        for i, req in enumerate(requests):
+            if i % 2 == 0:
+                alone.append(await asyncio.to_thread(engine.run, req))
+                samples.append(await ws_call(ws, req))
+            else:
+                samples.append(await ws_call(ws, req))
+                alone.append(await asyncio.to_thread(engine.run, req))
     finally:
-        engine.stop()
-    return out[1:]
+        await ws.close()
+        await asyncio.to_thread(engine.close)
+    return samples, alone
 
 
 # --- report ---
@@ -372,8 +404,9 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
                     c1[mode] = (requests, samples)
     ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []
     created = created_times(stack, ws_samples)
+    paired = await paired_overhead(stack, args.model, args.threads, make_requests(per_level[1], PAIRED_SEED))
     memory = await sustain(args, stack, meter) if args.sustain_s > 0 else None
-    return {"runs": runs, "c1": c1, "created": created, "memory": memory}
+    return {"runs": runs, "c1": c1, "created": created, "paired": paired, "memory": memory}
 
 
 async def sustain(args: argparse.Namespace, stack: ServiceStack, meter: Meter) -> dict[str, Any]:
@@ -533,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     measured = run_servers(args, logs)
     load_after = load_average()
-    ws_requests, ws_samples = measured["c1"]["vlmq-ws"]
-    engine = engine_only(args.model, ws_requests, args.threads)
+    ws_samples = measured["c1"]["vlmq-ws"][1]
+    paired_ws, engine = measured["paired"]
     peer_c1, vlmq_c1 = measured["c1"]["peer-openai"][1], measured["c1"]["vlmq-openai"][1]
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -551,11 +584,11 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "runs": measured["runs"],
         "stage_names": ["queue", "decode", "wait", "vision", "prefill", "generation", "ttft", "total"],
-        "overhead": overhead(ws_samples, engine),
+        "overhead": overhead(paired_ws, engine),
         "hops_c1": hop_breakdown(ws_samples, measured["created"]),
         "agreement": agreement(vlmq_c1, peer_c1),
         "engine_agreement": agreement(
-            ws_samples, [Sample(i, t, None, text) for i, (t, text) in enumerate(engine)]
+            paired_ws, [Sample(i, t, None, text) for i, (t, text) in enumerate(engine)]
         ),
         "logs": str(logs),
     }

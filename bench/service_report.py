@@ -201,7 +201,8 @@ def tail(result: dict[str, Any]) -> list[str]:
     o = result["overhead"]
     return [
         "",
-        f"Pipeline overhead at concurrency 1 (vlmq-ws e2e minus engine-only, same requests): "
+        f"Pipeline overhead at concurrency 1 (vlmq-ws e2e minus engine-only, each request through "
+        f"both back to back): "
         f"p50 {ms(o['overhead_p50'])} ms, p90 {ms(o['overhead_p90'])} ms "
         f"(engine-only p50 {ms(o['engine_p50'])} ms, e2e p50 {ms(o['e2e_p50'])} ms).",
         f"Answers: vlmq vs transformers serve identical {result['agreement']['identical']}/"
