@@ -261,7 +261,7 @@ class EngineOnly:
 
 
 async def paired_overhead(
-    stack: ServiceStack, model: str, threads: int, requests: list[BenchRequest]
+    stack: ServiceStack, model: str, threads: int, warm: BenchRequest, requests: list[BenchRequest]
 ) -> tuple[list[Sample], list[tuple[float, str]]]:
     """Each request through the engine alone and through the stack (``/v1/chat/ws``) back to back,
     the order alternating, the stack otherwise idle: the host's drift hits both halves of every pair
@@ -271,7 +271,7 @@ async def paired_overhead(
     samples: list[Sample] = []
     alone: list[tuple[float, str]] = []
     try:
-        await asyncio.to_thread(engine.run, requests[0])  # warm-up, dropped
+        await asyncio.to_thread(engine.run, warm)  # dropped; a picture no pair shows (image cache)
         for i, req in enumerate(requests):
             if i % 2 == 0:
                 alone.append(await asyncio.to_thread(engine.run, req))
@@ -404,7 +404,8 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
                     c1[mode] = (requests, samples)
     ws_samples = c1["vlmq-ws"][1] if "vlmq-ws" in c1 else []
     created = created_times(stack, ws_samples)
-    paired = await paired_overhead(stack, args.model, args.threads, make_requests(per_level[1], PAIRED_SEED))
+    warm_engine, *pairs = make_requests(per_level[1] + 1, PAIRED_SEED)
+    paired = await paired_overhead(stack, args.model, args.threads, warm_engine, pairs)
     memory = await sustain(args, stack, meter) if args.sustain_s > 0 else None
     return {"runs": runs, "c1": c1, "created": created, "paired": paired, "memory": memory}
 
