@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
+.PHONY: venv up test test-chaos test-browser test-compose lint bench bench-smoke bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-turns bench-scale bench-priority bench-soak bench-gpu train train-smoke eval clean
 
 venv: $(STAMP)
 
@@ -40,7 +40,7 @@ lint: venv
 	$(BIN)/mypy shared gateway worker services tinyvlm bench scripts tests tests_compose docker vlmq_cli
 	$(BIN)/lint-imports
 
-bench: bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-scale bench-priority
+bench: bench-engine bench-service bench-decode bench-redis-parser bench-request-cost bench-turns bench-scale bench-priority
 
 bench-engine: venv
 	$(BIN)/python -m bench.engine_bench
@@ -61,6 +61,10 @@ bench-redis-parser: venv
 bench-request-cost: venv
 	$(BIN)/python -m bench.request_cost
 
+# each turn of a conversation (a picture, then text follow-ups): stage times and CPU a turn (~1 min)
+bench-turns: venv
+	$(BIN)/python -m bench.turns_bench
+
 # every benchmark in seconds, tiny counts (figures mean nothing; make test runs all but the scale bench)
 bench-smoke: venv
 	$(BIN)/python -m bench.engine_bench --smoke
@@ -68,6 +72,7 @@ bench-smoke: venv
 	$(BIN)/python -m bench.decode_bench --smoke
 	$(BIN)/python -m bench.redis_parser_bench --smoke
 	$(BIN)/python -m bench.request_cost --smoke
+	$(BIN)/python -m bench.turns_bench --smoke
 	$(BIN)/python -m bench.gpu_bench --smoke
 	$(BIN)/python -m bench.gpu_exactness --smoke
 	$(BIN)/python -m bench.scale_bench --smoke

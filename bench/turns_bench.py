@@ -1,0 +1,181 @@
+"""What each turn of a conversation costs: ``make bench-turns``
+(``python -m bench.turns_bench [--smoke] [--conversations N] [--turns T] [--concurrency C] [--out DIR]``).
+
+The stack (no peer) on its own Redis. N conversations over ``/v1/chat/ws``: the first turn shows a
+new picture, the next ``T - 1`` turns ask text-only questions in the same session. Turns are sent in
+phases (every conversation's turn 1, then every turn 2, ...; C conversations at a time), so each
+phase's CPU per process kind is that turn's cost. Per turn: e2e and the done event's stage times
+(medians) and CPU-ms a turn by process. A text-only follow-up still shows the conversation's
+picture to the model; whether the pipeline decodes it again for every turn shows in the
+``decode`` stage and the decode workers' CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.report_files import write_report
+from bench.resources import Meter
+from bench.service_bench import stack_env
+from bench.service_workload import BenchRequest, make_requests
+from scripts.redis_launcher import start_redis
+from tests.support.models import test_model_path
+from tests.support.stack import ALL, ServiceStack
+
+FOLLOW_UPS = ("What else is in the picture?", "How many shapes are there?", "What colour is the largest one?")
+STAGES = ("queue", "decode", "wait", "vision", "prefill", "generation")
+MAX_TOKENS = 16
+SEED = 4242
+PROCESSES = ("gateway", "decode", "inference", "redis")
+
+
+async def turn(ws: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
+    """One job over an open connection: its e2e seconds, session id, timings and text."""
+    started = time.perf_counter()
+    await ws.send(json.dumps({**message, "max_tokens": MAX_TOKENS, "no_cache": True}))
+    session, text = None, []
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        if event["type"] == "accepted":
+            session = event.get("session_id")
+        elif event["type"] == "token":
+            text.append(event.get("text") or "")
+        elif event["type"] == "done":
+            e2e, timings = time.perf_counter() - started, event.get("timings") or {}
+            return {"e2e": e2e, "session": session, "timings": timings, "text": "".join(text)}
+        elif event["type"] == "error" or event.get("status") in ("failed", "cancelled", "expired"):
+            raise RuntimeError(f"turn failed: {event}")
+
+
+def message(index: int, picture: BenchRequest, session: str | None) -> dict[str, Any]:
+    if index == 0:
+        return {"prompt": picture.question, "image": picture.data_url}
+    return {"prompt": FOLLOW_UPS[(index - 1) % len(FOLLOW_UPS)], "session_id": session}
+
+
+async def phase(
+    stack: ServiceStack, index: int, pictures: list[BenchRequest], sessions: list[str | None], clients: int
+) -> list[dict[str, Any]]:
+    """Turn ``index`` of every conversation, ``clients`` at a time (one connection each)."""
+    todo = list(range(len(pictures)))
+    out: list[dict[str, Any]] = [{} for _ in pictures]
+
+    async def client() -> None:
+        async with connect(f"{stack.ws_url}/v1/chat/ws", max_size=None) as ws:
+            while todo:
+                i = todo.pop(0)
+                out[i] = await turn(ws, message(index, pictures[i], sessions[i]))
+                sessions[i] = sessions[i] or out[i]["session"]
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return out
+
+
+def summary(index: int, rows: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
+    def ms(values: list[float]) -> float:
+        return round(1000 * statistics.median(values), 2)
+
+    return {
+        "turn": index + 1,
+        "kind": "picture" if index == 0 else "text follow-up",
+        "e2e_ms": ms([r["e2e"] for r in rows]),
+        "stages_ms": {s: ms([r["timings"].get(s, 0.0) for r in rows]) for s in STAGES},
+        "cpu_ms": cpu,
+        "answered": sum(bool(r["text"].strip()) for r in rows),
+    }
+
+
+async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[str, Any]]:
+    meter = Meter(stack.redis, stack.keys, {name: proc.pid for name, proc in stack.procs.items()})
+    warm = make_requests(1, SEED - 1)
+    sessions: list[str | None] = [None]
+    for index in range(args.turns):  # warm-up: one conversation, every turn
+        await phase(stack, index, warm, sessions, 1)
+    pictures = make_requests(args.conversations, SEED)
+    sessions = [None] * len(pictures)
+    rows = []
+    for index in range(args.turns):
+        before = await asyncio.to_thread(meter.read)
+        results = await phase(stack, index, pictures, sessions, args.concurrency)
+        after = await asyncio.to_thread(meter.read)
+        n = len(results)
+        cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / n, 2) for k in after.cpu_s}
+        rows.append(summary(index, results, cpu))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# What each turn costs ({result['when']}, {result['conversations']} conversations at "
+        f"{result['concurrency']} concurrent, over /v1/chat/ws)",
+        "",
+        "| turn | e2e | " + " | ".join(STAGES) + " | CPU gateway | decode | inference | redis | answered |",
+        "|---|---|" + "---|" * len(STAGES) + "---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        stages = " | ".join(f"{row['stages_ms'][s]:.1f}" for s in STAGES)
+        cpu = " | ".join(f"{row['cpu_ms'].get(k, 0.0):.2f}" for k in PROCESSES)
+        lines.append(
+            f"| {row['turn']} ({row['kind']}) | {row['e2e_ms']:.1f} | {stages} | {cpu} | "
+            f"{row['answered']}/{result['conversations']} |"
+        )
+    lines += ["", "Medians in ms (the done event's stage times); CPU-milliseconds a turn by process kind."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="seconds: 2 conversations, 2 turns")
+    parser.add_argument("--conversations", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=3, help="the picture's turn, then text follow-ups")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--model", default=str(test_model_path()))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.conversations, args.turns, args.concurrency = 2, 2, 1
+    if args.turns < 2 or args.conversations < 1 or args.concurrency < 1:
+        parser.error("--turns must be at least 2, --conversations and --concurrency at least 1")
+    args.mode = "smoke" if args.smoke else "full"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="vlmq-turns-"))
+    redis_server = start_redis()
+    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
+    try:
+        stack.start()
+        rows = asyncio.run(measure(args, stack))
+    finally:
+        stack.stop()
+        redis_server.stop()
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "mode": args.mode,
+        "conversations": args.conversations,
+        "turns": args.turns,
+        "concurrency": args.concurrency,
+        "stack_env": args.env,
+        "rows": rows,
+        "logs": str(logs),
+    }
+    write_report(args.out, "turns_bench", args.mode, result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
