@@ -28,9 +28,9 @@ from PIL import Image
 from bench.report_files import write_report
 from bench.resources import Meter
 from bench.service_bench import stack_env
-from scripts.redis_launcher import start_redis
+from bench.stack_runs import on_stack, stack_meter
 from tests.support.models import test_model_path
-from tests.support.stack import ALL, ServiceStack
+from tests.support.stack import ServiceStack
 
 NO_CACHE = {"Cache-Control": "no-cache"}
 QUESTION = "What colour is the shape?"
@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[str, Any]]:
-    meter = Meter(stack.redis, stack.keys, {name: proc.pid for name, proc in stack.procs.items()})
+    meter = stack_meter(stack)
     model = stack.settings.model_name
     rows = []
     for name, send in kinds(model):
@@ -171,14 +171,7 @@ async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="vlmq-request-cost-"))
-    redis_server = start_redis()
-    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
-    try:
-        stack.start()
-        rows = asyncio.run(measure(args, stack))
-    finally:
-        stack.stop()
-        redis_server.stop()
+    rows = on_stack(stack_env(args), logs, lambda stack: measure(args, stack))
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "mode": args.mode,

@@ -24,12 +24,11 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.report_files import write_report
-from bench.resources import Meter
 from bench.service_bench import stack_env
 from bench.service_workload import BenchRequest, make_requests
-from scripts.redis_launcher import start_redis
+from bench.stack_runs import on_stack, stack_meter
 from tests.support.models import test_model_path
-from tests.support.stack import ALL, ServiceStack
+from tests.support.stack import ServiceStack
 
 FOLLOW_UPS = ("What else is in the picture?", "How many shapes are there?", "What colour is the largest one?")
 STAGES = ("queue", "decode", "wait", "vision", "prefill", "generation")
@@ -95,7 +94,7 @@ def summary(index: int, rows: list[dict[str, Any]], cpu: dict[str, float]) -> di
 
 
 async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[str, Any]]:
-    meter = Meter(stack.redis, stack.keys, {name: proc.pid for name, proc in stack.procs.items()})
+    meter = stack_meter(stack)
     warm = make_requests(1, SEED - 1)
     sessions: list[str | None] = [None]
     for index in range(args.turns):  # warm-up: one conversation, every turn
@@ -155,14 +154,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="vlmq-turns-"))
-    redis_server = start_redis()
-    stack = ServiceStack(redis_server.url, logs, extra_env=stack_env(args), components=ALL)
-    try:
-        stack.start()
-        rows = asyncio.run(measure(args, stack))
-    finally:
-        stack.stop()
-        redis_server.stop()
+    rows = on_stack(stack_env(args), logs, lambda stack: measure(args, stack))
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "mode": args.mode,
