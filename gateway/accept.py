@@ -1,16 +1,16 @@
 """Accepting a job (docs/service-contract.md §1): result cache, admission, writes, decode task.
 
-Every check that can refuse a request (intake validation, admission: 429 when the queues are
-full) runs before the first write, so a refused request leaves nothing behind in Redis. The writes
-are one MULTI: image + job record + decode task + conversation (the task is an LPUSH onto the
-Celery queue, see ``shared.decode_task``; a text-only job has nothing to decode and is handed to
-inference instead, ``gateway.handoff``). A MULTI refused when its commands were queued (EXECABORT:
-e.g. the broker refusing the LPUSH, Redis out of memory) wrote nothing: the image and the job
-record are then written alone and the job failed, so the conversation is untouched, the job stays
-``failed`` with ``error_code=queue_unavailable`` (a client polling it gets the reason) and the image
-bytes expire with their TTL. Any other failure of that MULTI (a lost reply, an error when it ran)
-may have applied some or all of it: the job is failed the same way (whatever stage has it then
-stops at its terminal state), and the conversation may hold the turn. Both answer 503
+Every check that can refuse a request (intake validation, admission: 429 when the queues are full)
+runs before the first write, so a refused request leaves nothing behind in Redis. The writes are one
+MULTI: image + job record + decode task + conversation (the task is an LPUSH onto the Celery queue,
+see ``shared.decode_task``; a text-only job, or a turn whose images the worker that holds them can
+serve, is handed to inference instead, ``gateway.handoff``). A MULTI refused when its commands were
+queued (EXECABORT: e.g. the broker refusing the LPUSH, Redis out of memory) wrote nothing: the image
+and the job record are then written alone and the job failed, so the conversation is untouched, the
+job stays ``failed`` with ``error_code=queue_unavailable`` (a client polling it gets the reason) and
+the image bytes expire with their TTL. Any other failure of that MULTI (a lost reply, an error when
+it ran) may have applied some or all of it: the job is failed the same way (whatever stage has it
+then stops at its terminal state), and the conversation may hold the turn. Both answer 503
 ``queue_unavailable``.
 
 The lookup and admission share a round trip, so a result-cache hit holds an admission place (and,
@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 
 from gateway.admission import queue_admission, refuse_when_full
 from gateway.errors import APIError
-from gateway.handoff import inference_stream, queue_handoff
+from gateway.handoff import NextStage, next_stage, queue_handoff
 from gateway.intake import Submission
 from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
@@ -45,7 +45,6 @@ from gateway.quotas import charge
 from gateway.state import GatewayState
 from shared import conversations, log_context, result_cache, tracing
 from shared.jobs import EVENTS_MAXLEN, new_job_hash
-from shared.jobs.routing import needs_decoding
 from shared.redis_clients import NotReplicated, ReplicatedPipeline
 from shared.schemas import ErrorCode, JobEvent, JobSpec, JobStatus, StageTimings
 from shared.values import as_str
@@ -106,19 +105,19 @@ async def _write_and_enqueue(state: GatewayState, job: PreparedJob) -> tuple[str
     than writing and enqueueing apart. Returns the queued event's id and the job's status."""
     spec = job.spec
     try:
-        stream = None if needs_decoding(spec) else await inference_stream(state, spec)
+        stage = await next_stage(state, spec)
         async with state.redis.pipeline(transaction=True) as pipe:
             _write_image(pipe, state, job)
             queued_at = _write_job(pipe, state, spec, None)
             handoff_at = len(pipe.command_stack)
-            _queue_next_stage(pipe, state, spec, stream)
+            _queue_next_stage(pipe, state, spec, stage)
             _write_conversation(pipe, state, job)
             replies = await pipe.execute()
     except Exception as exc:  # nothing was written (EXECABORT) or Redis is going: fail the job
         log.exception("enqueue failed for %s", spec.job_id)
         await _record_refused(state, job, f"could not enqueue the job: {exc}")
         raise _queue_unavailable() from exc
-    handed_over = stream is not None and replies[handoff_at] == 1
+    handed_over = stage.stream is not None and replies[handoff_at] == 1
     return as_str(replies[queued_at]), JobStatus.WAITING if handed_over else JobStatus.QUEUED
 
 
@@ -133,13 +132,13 @@ async def _record_refused(state: GatewayState, job: PreparedJob, error: str) -> 
 
 
 def _queue_next_stage(
-    pipe: aioredis.client.Pipeline, state: GatewayState, spec: JobSpec, stream: str | None
+    pipe: aioredis.client.Pipeline, state: GatewayState, spec: JobSpec, stage: NextStage
 ) -> None:
-    """The decode task, or (``stream``: text only) the hand-over to inference."""
-    if stream is None:
+    """The decode task, or (text only, or a turn its worker holds the images of) the hand-over."""
+    if stage.stream is None:
         state.decode.push(pipe, spec.job_id, spec.priority)
     else:
-        queue_handoff(pipe, state, spec, stream)
+        queue_handoff(pipe, state, spec, stage)
 
 
 def _queue_unavailable() -> APIError:
@@ -167,9 +166,9 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
     Returns the job's status after it."""
     spec = job.spec
     try:
-        stream = None if needs_decoding(spec) else await inference_stream(state, spec)
+        stage = await next_stage(state, spec)
         async with _pipeline(state, replicated=True) as pipe:
-            _queue_next_stage(pipe, state, spec, stream)
+            _queue_next_stage(pipe, state, spec, stage)
             _write_conversation(pipe, state, job)
             replies = await pipe.execute()
     except NotReplicated as exc:
@@ -178,7 +177,7 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
         log.exception("enqueue failed for %s", spec.job_id)
         await fail_job(state, spec.job_id, f"could not enqueue the job: {exc}")
         raise _queue_unavailable() from exc
-    handed_over = stream is not None and replies[0] == 1  # 0: cancelled meanwhile
+    handed_over = stage.stream is not None and replies[0] == 1  # 0: cancelled meanwhile
     return JobStatus.WAITING if handed_over else JobStatus.QUEUED
 
 

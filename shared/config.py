@@ -145,6 +145,11 @@ class CommonSettings(BaseSettings):
 class GatewaySettings(CommonSettings):
     host: str = Field("127.0.0.1", description="Gateway bind address")
     port: int = Field(8000, description="Gateway port")
+    followups_skip_decoding: bool = Field(
+        True,
+        description="Hand a turn that shows no new image straight to the live inference worker that "
+        "holds its conversation's images (no decode task; it sends the turn back on a miss)",
+    )
     result_cache_ttl_s: int = Field(
         3600, description="Greedy result cache lifetime (and Cache-Control max-age)"
     )
@@ -271,6 +276,12 @@ class InferenceSettings(CommonSettings):
     prefix_cache_mb: int = Field(64, description="Prefix cache bound")
     session_cache_mb: int = Field(512, description="Session cache bound")
     image_cache_mb: int = Field(256, description="Image-embedding cache bound")
+    image_input_cache_mb: int = Field(
+        128,
+        ge=0,
+        description="Decoded images (the engine's inputs) kept by digest, so a turn that shows no new "
+        "image needs no decode hop; 0: none (every such turn goes back to decoding)",
+    )
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")
     task_events: bool = Field(

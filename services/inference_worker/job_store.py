@@ -19,6 +19,7 @@ from services.inference_worker.engine_request import image_input
 from shared.jobs import (
     BEGIN_ATTEMPT_LUA,
     FINISH_LUA,
+    RETURN_TO_DECODING_LUA,
     SET_STATUS_LUA,
     JobRecord,
     finish_args,
@@ -161,6 +162,12 @@ class JobStore:
         """Finish the job without a result (failed, cancelled, expired); True when this call wrote it."""
         event = terminal_event(status, code, error, attempt)
         return self.finish(job_id, event, status, attempt if fenced else None) in (1, 2)
+
+    def return_to_decoding(self, pipe: Any, job_id: str, attempt: int, task_message: str) -> None:
+        """Queue ``RETURN_TO_DECODING_LUA`` on ``pipe`` (fenced by ``attempt``): waiting -> queued,
+        its decode task pushed onto the interactive decode queue."""
+        keys = [self.keys.job(job_id), self.keys.active_jobs(), self.keys.decode_queue()]
+        pipe_script(pipe, RETURN_TO_DECODING_LUA, keys, [time.time(), attempt, task_message])
 
     def dead_letter(self, job_id: str, stage: str, attempts: int, reason: str, fence: int | None) -> None:
         """Fail the job for good (``fence``: the attempt that passed the cap, None: unfenced) and

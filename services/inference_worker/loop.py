@@ -26,6 +26,7 @@ from services.inference_worker.after_finish import Finished, WriterConfig
 from services.inference_worker.batch_hold import BatchHold
 from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
 from services.inference_worker.event_writer import EventWriter
+from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import Begun, JobStore, begun
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
@@ -35,6 +36,7 @@ from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
 from shared.jobs import JobRecord, refusal
+from shared.jobs.routing import DECODE_SKIPPED
 from shared.schemas import ErrorCode, JobStatus
 from shared.tensors import TensorCodecError
 
@@ -57,6 +59,7 @@ class InferenceWorker:
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.keys = settings.keys
         self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
+        self.image_inputs = ImageInputCache(settings.image_input_cache_mb * 2**20)  # turns without pixels
         self.worker_id = settings.worker_id or default_worker_id()
         self.task_events = TaskEvents(settings, self.worker_id)  # Flower sees the inference stage
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
@@ -233,9 +236,23 @@ class InferenceWorker:
             return None
         try:
             return self._register(entry, record, begun.fields, attempt, begun.pixels)
+        except PixelsNeeded:
+            self._return_to_decoding(entry, attempt)
+            return None
         except (RequestRejected, LookupError, TensorCodecError) as exc:
             self._reject(entry, attempt, exc)
             return None
+
+    def _return_to_decoding(self, entry: Entry, attempt: int) -> None:
+        """A turn handed over without pixels whose images are not held here (evicted, restarted,
+        claimed from another worker): its decode task again, the attempt given back, the entry
+        acknowledged, in one MULTI. The decode worker hands it back with pixels."""
+        log.info("job %s: its images are not held here; back to decoding", entry.job_id)
+        self.image_inputs.misses += 1
+        pipe = self.r.pipeline(transaction=True)
+        self.store.return_to_decoding(pipe, entry.job_id, attempt, self.sweeper.tasks.message(entry.job_id))
+        self.consumer.ack(pipe, entry)
+        pipe.execute()
 
     def _reject(self, entry: Entry, attempt: int, exc: Exception) -> None:
         self._forget(entry.job_id)
@@ -272,7 +289,8 @@ class InferenceWorker:
     ) -> Ready:
         """The attempt's request and run; the run is registered (submitted by ``_submit_all``)."""
         spec = record.spec
-        request = build_request(spec, f"{spec.job_id}:{attempt}", self._images(record, pixels))
+        images = self._images(record, pixels, skipped=DECODE_SKIPPED in fields)
+        request = build_request(spec, f"{spec.job_id}:{attempt}", images)
         run = JobRun(
             entry=entry,
             spec=spec,
@@ -287,17 +305,31 @@ class InferenceWorker:
             self.runs[spec.job_id] = run
         return run, request
 
-    def _images(self, record: JobRecord, pixels: bytes | None) -> dict[str, ImageInput]:
-        """The job's images by digest, from the pixels its decode worker stored (or, while a previous
-        release's decode workers still run, from their tensor of its one image)."""
+    def _images(self, record: JobRecord, pixels: bytes | None, skipped: bool) -> dict[str, ImageInput]:
+        """The job's images by digest: those this worker holds (``image_inputs``), else from the
+        pixels its decode worker stored (or, while a previous release's decode workers still run,
+        from their tensor of its one image). ``skipped``: handed over without pixels; PixelsNeeded
+        when they are not all held."""
         spec = record.spec
         digests = spec.image_digests()
         if not needs_image(spec):
             return {}
         if not digests:
             raise LookupError("the conversation refers to an image but the job has none")
-        if pixels is None and spec.image_digest is not None and digests == [spec.image_digest]:
-            return {spec.image_digest: self.store.legacy_image(spec.image_digest, self.pixels.processor_id)}
+        held = self.image_inputs.get_all(digests) if spec.use_cache else None
+        if held is not None:
+            self.image_inputs.hits += 1
+            return held
+        if skipped and pixels is None:
+            raise PixelsNeeded(f"{len(digests)} image(s), not all held here")
+        images = self._decoded(spec.image_digest, digests, pixels)
+        self.image_inputs.put_all(images)
+        return images
+
+    def _decoded(self, legacy: str | None, digests: list[str], pixels: bytes | None) -> dict[str, ImageInput]:
+        """The images from the decode worker's pixels (or a previous release's tensor)."""
+        if pixels is None and legacy is not None and digests == [legacy]:
+            return {legacy: self.store.legacy_image(legacy, self.pixels.processor_id)}
         if pixels is None:
             raise LookupError("the job's decoded images are gone; submit the images again")
         return pixels_inputs(self.pixels, pixels, digests)
@@ -342,6 +374,7 @@ class InferenceWorker:
             "capacity": self.capacity,
             "stopping": self.stopping.is_set(),
             "writer": {"events": self.writer.events, "flushes": self.writer.flushes},
+            "image_inputs": self.image_inputs.stats(),  # its presence: takes turns without pixels
             "engine": self.engine.stats().to_dict(),
         }
         ttl_ms = int(1000 * self.settings.worker_stale_s)  # the gateway's staleness rule, same setting

@@ -7,7 +7,8 @@ retried attempt). The scripts append the matching event to the job's stream and 
 wake-up on ``Keys.job_wake`` (pub/sub only wakes; the stream holds the data).
 
 States (docs/service-contract.md has the diagram): queued -> decoding -> waiting -> generating
--> done | failed | cancelled | expired.
+-> done | failed | cancelled | expired; a turn handed to inference without decoding may go back
+from waiting to queued (``RETURN_TO_DECODING_LUA``).
 """
 
 from shared.jobs.lua import (
@@ -19,6 +20,8 @@ from shared.jobs.lua import (
     MOVE_UNREAD_LUA,
     REDECODE_LUA,
     REQUEUE_INFERENCE_LUA,
+    RETURN_TO_DECODING_LUA,
+    ROUTE_HOLDER_LUA,
     ROUTE_LUA,
     SET_STATUS_LUA,
 )
@@ -44,6 +47,8 @@ __all__ = [
     "MOVE_UNREAD_LUA",
     "REDECODE_LUA",
     "REQUEUE_INFERENCE_LUA",
+    "RETURN_TO_DECODING_LUA",
+    "ROUTE_HOLDER_LUA",
     "ROUTE_LUA",
     "SET_STATUS_LUA",
     "JobRecord",

@@ -250,3 +250,40 @@ if KEYS[3] and attempt ~= 0 then pixels = redis.call('GET', KEYS[3]) end
 return {attempt, redis.call('EXISTS', KEYS[2]), raw, pixels}
 """
 )
+
+# KEYS: as ROUTE_LUA. ARGV: the oldest heartbeat that still counts as alive, the heartbeat keys'
+# prefix (``Keys.worker_heartbeat('')``). For a turn that shows no new image (the gateway's direct
+# hand-over, ``shared.jobs.routing.skips_decoding``): the live owner, as ROUTE_LUA picks it, whose
+# heartbeat says it keeps decoded images (field ``image_inputs``: a worker that can also send a
+# job back to decoding); false: none, the job is decoded as before. A worker of a release without
+# it (a rolling upgrade) never gets a job without pixels.
+ROUTE_HOLDER_LUA = """
+for i = 1, 2 do
+  local owner = redis.call('GET', KEYS[i])
+  if owner then
+    local beat = redis.call('ZSCORE', KEYS[3], owner)
+    if beat and tonumber(beat) >= tonumber(ARGV[1]) then
+      local stats = redis.call('GET', ARGV[2] .. owner)
+      if stats and string.find(stats, '"image_inputs"', 1, true) then return owner end
+    end
+  end
+end
+return false
+"""
+
+# KEYS: job hash, active-jobs set, decode queue list. ARGV: now, the attempt (fence), the decode
+# task's message. A job the gateway handed to inference without decoding (hash field
+# ``decode_skipped``) whose worker does not hold its images: back to ``queued`` with its decode
+# task, the flag cleared (the decode worker's pixels are then used: it never comes back twice),
+# and the attempt it began given back (it ran nothing and wrote nothing). Returns 1 returned, 0
+# not waiting (cancelled, expired meanwhile), -1 fenced.
+RETURN_TO_DECODING_LUA = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'waiting' then return 0 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -1 end
+redis.call('HINCRBY', KEYS[1], 'attempt', -1)
+redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
+redis.call('HDEL', KEYS[1], 'decode_skipped', 'entry_id', 'entry_stream')
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+redis.call('LPUSH', KEYS[3], ARGV[3])
+return 1
+"""

@@ -35,3 +35,15 @@ def needs_decoding(spec: JobSpec) -> bool:
     """A job with an image goes through a decode worker (its tensor, or the check that it is cached);
     a text-only job goes straight to inference."""
     return spec.image_digest is not None or any(turn.image for turn in spec.messages)
+
+
+DECODE_SKIPPED = "decode_skipped"  # job hash field: handed to inference by the gateway, no pixels
+
+
+def skips_decoding(spec: JobSpec) -> bool:
+    """A turn that shows no new image, of interactive work with caches on: the gateway may hand it
+    straight to the live worker that holds its images (``ROUTE_HOLDER_LUA``), which sends it back
+    to decoding when it does not hold them after all (``RETURN_TO_DECODING_LUA``)."""
+    last = spec.messages[-1] if spec.messages else None
+    shows_new = last is None or bool(last.image or last.images)
+    return needs_decoding(spec) and not shows_new and spec.priority != "batch" and spec.use_cache

@@ -12,6 +12,8 @@ from shared.jobs import (
     EVENTS_MAXLEN,
     FINISH_LUA,
     HANDOFF_LUA,
+    RETURN_TO_DECODING_LUA,
+    ROUTE_HOLDER_LUA,
     SET_STATUS_LUA,
     finish_call,
     job_keys,
@@ -153,3 +155,49 @@ def test_terminal_event_shapes() -> None:
     cancelled = terminal_event(JobStatus.CANCELLED, ErrorCode.CANCELLED)
     assert (cancelled.type, cancelled.finish_reason, cancelled.error) == ("status", "cancelled", None)
     assert json.loads(cancelled.to_fields()["data"])["status"] == "cancelled"
+
+
+def return_to_decoding(r: Any, keys: Keys, job_id: str, attempt: int) -> int:
+    script_keys = [keys.job(job_id), keys.active_jobs(), keys.decode_queue()]
+    return int(r.eval(RETURN_TO_DECODING_LUA, 3, *script_keys, time.time(), attempt, "task-" + job_id))
+
+
+def test_return_to_decoding_only_from_waiting_and_by_its_attempt(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    job_id = new_job(r, keys, status="waiting", attempt=2)
+    r.hset(keys.job(job_id), mapping={"decode_skipped": "1", "entry_id": "1-0", "entry_stream": "s"})
+    assert return_to_decoding(r, keys, job_id, 1) == -1  # an older attempt
+    assert return_to_decoding(r, keys, job_id, 2) == 1
+    record = r.hgetall(keys.job(job_id))
+    assert record[b"status"] == b"queued" and record[b"attempt"] == b"1"  # the attempt given back
+    assert not {b"decode_skipped", b"entry_id", b"entry_stream"} & set(record)
+    assert r.lrange(keys.decode_queue(), 0, -1) == [f"task-{job_id}".encode()]
+    assert r.zscore(keys.active_jobs(), keys.job(job_id)) is not None  # progress: the sweeper waits
+    assert return_to_decoding(r, keys, job_id, 1) == 0  # queued now: nothing twice
+    cancelled = new_job(r, keys, status="waiting", attempt=1)
+    finish(r, keys, cancelled, JobStatus.CANCELLED)
+    assert return_to_decoding(r, keys, cancelled, 1) == 0  # cancelled meanwhile: no task
+    assert r.llen(keys.decode_queue()) == 1
+
+
+def test_route_holder_names_only_a_live_owner_that_keeps_images(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    spec = make_spec()
+    route = [
+        keys.session_owner(spec.affinity_key or ""),
+        keys.image_owner(spec.image_digest or ""),
+        keys.workers(),
+    ]
+
+    def holder(alive_since: float) -> Any:
+        return r.eval(ROUTE_HOLDER_LUA, 3, *route, alive_since, keys.worker_heartbeat(""))
+
+    now = time.time()
+    r.set(route[0], "old")  # the session's owner: alive, of a release that keeps no images
+    r.zadd(keys.workers(), {"old": now, "new": now})
+    r.set(keys.worker_heartbeat("old"), json.dumps({"worker_id": "old"}))
+    assert holder(now - 5) is None
+    r.set(route[1], "new")  # the image's owner keeps them
+    r.set(keys.worker_heartbeat("new"), json.dumps({"worker_id": "new", "image_inputs": {"entries": 0}}))
+    assert holder(now - 5) == b"new"
+    assert holder(now + 5) is None  # its heartbeat is stale

@@ -1,0 +1,65 @@
+"""Decoded images the inference worker keeps by digest, so a turn that shows no new image needs no
+decode hop (``gateway.handoff``: such a turn comes marked ``decode_skipped``, without pixels).
+
+An entry is the engine's input exactly as ``pixels_inputs`` made it from a decode worker's pixels
+(the processor's output, bit for bit), so a turn served from here gets the answer it would get
+from fresh pixels. The bound is in bytes (the tensors' sizes); least recently used goes first.
+Only the main thread uses it. Never filled from image bytes: a worker opens no bytes itself (a
+client can send a history of invented pictures; only a decode worker, isolated, may decode them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from services.engine.api import ImageInput
+
+
+class PixelsNeeded(Exception):
+    """A turn handed over without pixels whose images this worker does not hold."""
+
+
+def input_bytes(image: ImageInput) -> int:
+    tensors = [image.pixel_values, image.image_grid_thw, *image.extra.values()]
+    return sum(t.element_size() * t.nelement() for t in tensors)
+
+
+class ImageInputCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, ImageInput] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0
+        self.hits = 0  # jobs served whole from here
+        self.misses = 0  # jobs without pixels it could not serve (sent back to decoding)
+
+    def get_all(self, digests: list[str]) -> dict[str, ImageInput] | None:
+        """Every one of ``digests``, or None when one is missing (nothing is counted or moved)."""
+        if not digests or any(d not in self._entries for d in digests):
+            return None
+        for digest in digests:
+            self._entries.move_to_end(digest)
+        return {d: self._entries[d] for d in digests}
+
+    def put_all(self, images: dict[str, ImageInput]) -> None:
+        for digest, image in images.items():
+            self._put(digest, image)
+
+    def _put(self, digest: str, image: ImageInput) -> None:
+        size = input_bytes(image)
+        if size > self.max_bytes:
+            return
+        self._drop(digest)
+        while self.bytes + size > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+        self._entries[digest] = image
+        self._sizes[digest] = size
+        self.bytes += size
+
+    def _drop(self, digest: str) -> None:
+        if self._entries.pop(digest, None) is not None:
+            self.bytes -= self._sizes.pop(digest)
+
+    def stats(self) -> dict[str, int]:
+        entries = len(self._entries)
+        return {"entries": entries, "bytes": self.bytes, "hits": self.hits, "misses": self.misses}

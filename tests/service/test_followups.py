@@ -1,0 +1,102 @@
+"""A turn that shows no new image skips the decode hop: the gateway hands it straight to the live
+worker that holds its conversation's images, which answers from them; a worker that does not hold
+them sends the turn back to decoding. Every answer equals the engine's uncached batch-of-one run."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+
+from shared.jobs import JobRecord
+from tests.service.conftest import Reference, wait_done
+from tests.support.jobs import image_bytes
+from tests.support.stack import ServiceStack
+
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def record(stack: ServiceStack, job_id: str) -> tuple[JobRecord, dict[str, str]]:
+    raw = stack.redis.hgetall(stack.keys.job(job_id))
+    return JobRecord.from_hash(raw), {k.decode(): v.decode() for k, v in raw.items()}
+
+
+async def picture_turn(client: httpx.AsyncClient, data: bytes) -> dict[str, Any]:
+    form = {"prompt": "What colour is the square?", "max_tokens": "8"}
+    files = {"image": ("i.jpg", data, "image/jpeg")}
+    resp = await client.post("/v1/jobs", data=form, files=files, headers=NO_CACHE)
+    assert resp.status_code == 202, resp.text
+    view = await wait_done(client, resp.json()["id"])
+    assert view["status"] == "done", view
+    return view
+
+
+async def follow_up(client: httpx.AsyncClient, session_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A text turn in the session: (the 202's body, the finished job)."""
+    body = {"prompt": "And the circle?", "session_id": session_id, "max_tokens": 8}
+    resp = await client.post("/v1/jobs", json=body, headers=NO_CACHE)
+    assert resp.status_code == 202, resp.text
+    return resp.json(), await wait_done(client, resp.json()["id"])
+
+
+async def test_a_follow_up_is_answered_from_the_images_its_worker_holds(
+    client: httpx.AsyncClient, service_stack: ServiceStack, reference: Reference
+) -> None:
+    data = image_bytes("JPEG", (320, 240), seed=71)
+    first = await picture_turn(client, data)
+    accepted, view = await follow_up(client, first["session_id"])
+    assert accepted["status"] == "waiting", accepted  # handed to inference by the gateway itself
+    assert view["status"] == "done", view
+    spec, fields = record(service_stack, view["id"])
+    assert view["final_text"] == reference.answer(spec.spec, data)
+    assert fields["decode_skipped"] == "1" and "decode_started_at" not in fields  # no decode task ran
+    assert view["timings"]["decode"] == 0.0 and fields["attempt"] == "1"
+
+
+async def test_an_openai_follow_up_streamed_skips_decoding_too(
+    service_stack: ServiceStack, reference: Reference
+) -> None:
+    """The OpenAI route carries the whole history, the picture's bytes included: its follow-up is
+    still served from the images the session's worker holds."""
+    data = image_bytes("JPEG", (300, 220), seed=74)
+    url = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+    picture = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe it."}]
+    messages: Any = [{"role": "user", "content": picture}]
+    model, session = (
+        service_stack.settings.model_name,
+        {"user": "follow-up-openai", "extra_headers": NO_CACHE},
+    )
+    async with openai.AsyncOpenAI(base_url=f"{service_stack.base_url}/v1", api_key="sk-none") as oai:
+        first = await oai.chat.completions.create(model=model, messages=messages, max_tokens=8, **session)
+        answer = first.choices[0].message.content or ""
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+        stream: Any = await oai.chat.completions.create(
+            model=model, messages=messages, max_tokens=8, stream=True, **session
+        )
+        chunks = [c async for c in stream]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    spec, fields = record(service_stack, chunks[0].id.removeprefix("chatcmpl-"))
+    assert streamed == reference.answer(spec.spec, data)
+    assert fields["decode_skipped"] == "1" and "decode_started_at" not in fields
+
+
+async def test_a_worker_without_the_images_sends_the_turn_back_to_decoding(
+    stack_factory: Callable[..., ServiceStack], reference: Reference
+) -> None:
+    stack = stack_factory(extra_env={"VLMQ_IMAGE_INPUT_CACHE_MB": "0"})  # it holds nothing
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+        data = image_bytes("PNG", (200, 260), seed=72)
+        first = await picture_turn(client, data)
+        accepted, view = await follow_up(client, first["session_id"])
+        assert accepted["status"] == "waiting", accepted
+        assert view["status"] == "done", view
+        spec, fields = record(stack, view["id"])
+        assert view["final_text"] == reference.answer(spec.spec, data)
+        assert "decode_skipped" not in fields and "decode_started_at" in fields  # decoded after all
+        assert fields["attempt"] == "1"  # the attempt that found no images was given back
+
+    assert stack.redis.llen(stack.keys.decode_queue()) == 0  # its one decode task ran, nothing left
+    assert not stack.redis.exists(stack.keys.job_pixels(view["id"]))
