@@ -65,16 +65,20 @@ async def test_an_openai_follow_up_streamed_skips_decoding_too(
     url = "data:image/jpeg;base64," + base64.b64encode(data).decode()
     picture = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe it."}]
     messages: Any = [{"role": "user", "content": picture}]
-    model, session = (
-        service_stack.settings.model_name,
-        {"user": "follow-up-openai", "extra_headers": NO_CACHE},
-    )
+    model = service_stack.settings.model_name
     async with openai.AsyncOpenAI(base_url=f"{service_stack.base_url}/v1", api_key="sk-none") as oai:
-        first = await oai.chat.completions.create(model=model, messages=messages, max_tokens=8, **session)
+        first = await oai.chat.completions.create(
+            model=model, messages=messages, max_tokens=8, user="fu-openai", extra_headers=NO_CACHE
+        )
         answer = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
         stream: Any = await oai.chat.completions.create(
-            model=model, messages=messages, max_tokens=8, stream=True, **session
+            model=model,
+            messages=messages,
+            max_tokens=8,
+            stream=True,
+            user="fu-openai",
+            extra_headers=NO_CACHE,
         )
         chunks = [c async for c in stream]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
