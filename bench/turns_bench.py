@@ -8,6 +8,10 @@ phase's CPU per process kind is that turn's cost. Per turn: e2e and the done eve
 (medians) and CPU-ms a turn by process. A text-only follow-up still shows the conversation's
 picture to the model; whether the pipeline decodes it again for every turn shows in the
 ``decode`` stage and the decode workers' CPU.
+
+Two stacks, one after the other, on the same workload: the default (a follow-up goes straight to
+the worker holding its images) and ``VLMQ_FOLLOWUPS_SKIP_DECODING=false`` (every turn decodes
+every picture of its conversation); the report puts their follow-up turns side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ STAGES = ("queue", "decode", "wait", "vision", "prefill", "generation")
 MAX_TOKENS = 16
 SEED = 4242
 PROCESSES = ("gateway", "decode", "inference", "redis")
+VARIANTS = {  # name -> the stack's extra settings
+    "skip decoding": {},
+    "decode every turn": {"VLMQ_FOLLOWUPS_SKIP_DECODING": "false"},
+}
 
 
 async def turn(ws: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
@@ -113,22 +121,39 @@ async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[st
     return rows
 
 
+def follow_ups(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The follow-up turns' e2e (median of the turns' medians) and CPU-ms a turn, all processes."""
+    later = [row for row in rows if row["turn"] > 1]
+    cpu = [sum(row["cpu_ms"].get(k, 0.0) for k in PROCESSES) for row in later]
+    return {"e2e_ms": statistics.median(r["e2e_ms"] for r in later), "cpu_ms": statistics.median(cpu)}
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# What each turn costs ({result['when']}, {result['conversations']} conversations at "
         f"{result['concurrency']} concurrent, over /v1/chat/ws)",
         "",
-        "| turn | e2e | " + " | ".join(STAGES) + " | CPU gateway | decode | inference | redis | answered |",
-        "|---|---|" + "---|" * len(STAGES) + "---|---|---|---|---|",
+        "| stack | turn | e2e | "
+        + " | ".join(STAGES)
+        + " | CPU gateway | decode | inference | redis | answered |",
+        "|---|---|---|" + "---|" * len(STAGES) + "---|---|---|---|---|",
     ]
-    for row in result["rows"]:
-        stages = " | ".join(f"{row['stages_ms'][s]:.1f}" for s in STAGES)
-        cpu = " | ".join(f"{row['cpu_ms'].get(k, 0.0):.2f}" for k in PROCESSES)
-        lines.append(
-            f"| {row['turn']} ({row['kind']}) | {row['e2e_ms']:.1f} | {stages} | {cpu} | "
-            f"{row['answered']}/{result['conversations']} |"
-        )
-    lines += ["", "Medians in ms (the done event's stage times); CPU-milliseconds a turn by process kind."]
+    for variant, rows in result["runs"].items():
+        for row in rows:
+            stages = " | ".join(f"{row['stages_ms'][s]:.1f}" for s in STAGES)
+            cpu = " | ".join(f"{row['cpu_ms'].get(k, 0.0):.2f}" for k in PROCESSES)
+            lines.append(
+                f"| {variant} | {row['turn']} ({row['kind']}) | {row['e2e_ms']:.1f} | {stages} | {cpu} | "
+                f"{row['answered']}/{result['conversations']} |"
+            )
+    on, off = (result["follow_ups"][v] for v in VARIANTS)
+    lines += [
+        "",
+        "Medians in ms (the done event's stage times); CPU-milliseconds a turn by process kind.",
+        f"Follow-up turns, skipping decoding vs decoding every turn: e2e {on['e2e_ms']:.1f} vs "
+        f"{off['e2e_ms']:.1f} ms ({on['e2e_ms'] / off['e2e_ms']:.2f}x), CPU {on['cpu_ms']:.2f} vs "
+        f"{off['cpu_ms']:.2f} ms a turn ({on['cpu_ms'] / off['cpu_ms']:.2f}x).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +179,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="vlmq-turns-"))
-    rows = on_stack(stack_env(args), logs, lambda stack: measure(args, stack))
+    runs = {}
+    for number, (variant, extra) in enumerate(VARIANTS.items()):
+        print(f"# {variant}", flush=True)
+        variant_logs = logs / str(number)
+        variant_logs.mkdir()
+        env = {**stack_env(args), **extra}
+        runs[variant] = on_stack(env, variant_logs, lambda stack: measure(args, stack))
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "mode": args.mode,
@@ -162,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "turns": args.turns,
         "concurrency": args.concurrency,
         "stack_env": args.env,
-        "rows": rows,
+        "runs": runs,
+        "follow_ups": {variant: follow_ups(rows) for variant, rows in runs.items()},
         "logs": str(logs),
     }
     write_report(args.out, "turns_bench", args.mode, result, markdown(result))

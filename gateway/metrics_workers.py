@@ -105,14 +105,16 @@ def _engine(beats: list[dict[str, Any]]) -> Iterator[Metric]:
 
 
 def _caches(beats: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Per engine cache: hits and lookups (hits + misses) as counters, so ratios are ``rate()``s."""
+    """Per engine cache, and the worker's decoded images (``image_input``): hits and lookups (hits +
+    misses) as counters, so ratios are ``rate()``s."""
     labels = ["worker", "cache"]
     families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
         **{k: CounterMetricFamily(n, d, labels=labels) for k, (n, d) in CACHE_COUNTERS.items()},
         **{k: GaugeMetricFamily(n, d, labels=labels) for k, (n, d) in CACHE_GAUGES.items()},
     }
     for beat in beats:
-        for cache, figures in (_stats(beat).get("caches") or {}).items():
+        caches = {**(_stats(beat).get("caches") or {}), "image_input": beat.get("image_inputs")}
+        for cache, figures in caches.items():
             if not isinstance(figures, dict):
                 continue
             values = {k: _number(figures.get(k)) for k in ("hits", "misses", "evictions", *CACHE_GAUGES)}

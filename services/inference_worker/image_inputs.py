@@ -30,13 +30,17 @@ class ImageInputCache:
         self._entries: OrderedDict[str, ImageInput] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self.bytes = 0
-        self.hits = 0  # jobs served whole from here
-        self.misses = 0  # jobs without pixels it could not serve (sent back to decoding)
+        self.hits = 0  # lookups (one a job with images) served whole from here
+        self.misses = 0
+        self.evictions = 0
+        self.returned = 0  # jobs without pixels it could not serve (sent back to decoding)
 
     def get_all(self, digests: list[str]) -> dict[str, ImageInput] | None:
-        """Every one of ``digests``, or None when one is missing (nothing is counted or moved)."""
+        """Every one of ``digests``, or None when one is missing (a miss: nothing moves)."""
         if not digests or any(d not in self._entries for d in digests):
+            self.misses += 1
             return None
+        self.hits += 1
         for digest in digests:
             self._entries.move_to_end(digest)
         return {d: self._entries[d] for d in digests}
@@ -52,6 +56,7 @@ class ImageInputCache:
         self._drop(digest)
         while self.bytes + size > self.max_bytes:
             self._drop(next(iter(self._entries)))
+            self.evictions += 1
         self._entries[digest] = image
         self._sizes[digest] = size
         self.bytes += size
@@ -61,5 +66,13 @@ class ImageInputCache:
             self.bytes -= self._sizes.pop(digest)
 
     def stats(self) -> dict[str, int]:
-        entries = len(self._entries)
-        return {"entries": entries, "bytes": self.bytes, "hits": self.hits, "misses": self.misses}
+        """The engine caches' figures (the gateway's /metrics shows it as ``cache="image_input"``)."""
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "capacity_bytes": self.max_bytes,
+            "returned": self.returned,
+        }

@@ -248,7 +248,7 @@ class InferenceWorker:
         claimed from another worker): its decode task again, the attempt given back, the entry
         acknowledged, in one MULTI. The decode worker hands it back with pixels."""
         log.info("job %s: its images are not held here; back to decoding", entry.job_id)
-        self.image_inputs.misses += 1
+        self.image_inputs.returned += 1
         pipe = self.r.pipeline(transaction=True)
         self.store.return_to_decoding(pipe, entry.job_id, attempt, self.sweeper.tasks.message(entry.job_id))
         self.consumer.ack(pipe, entry)
@@ -318,7 +318,6 @@ class InferenceWorker:
             raise LookupError("the conversation refers to an image but the job has none")
         held = self.image_inputs.get_all(digests) if spec.use_cache else None
         if held is not None:
-            self.image_inputs.hits += 1
             return held
         if skipped and pixels is None:
             raise PixelsNeeded(f"{len(digests)} image(s), not all held here")

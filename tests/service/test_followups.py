@@ -4,6 +4,7 @@ them sends the turn back to decoding. Every answer equals the engine's uncached 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,19 @@ async def test_a_follow_up_is_answered_from_the_images_its_worker_holds(
     assert view["final_text"] == reference.answer(spec.spec, data)
     assert fields["decode_skipped"] == "1" and "decode_started_at" not in fields  # no decode task ran
     assert view["timings"]["decode"] == 0.0 and fields["attempt"] == "1"
+    for _ in range(50):  # the worker's next heartbeat reports the hit
+        if await image_input_hits(client) > 0:
+            break
+        await asyncio.sleep(0.2)
+    assert await image_input_hits(client) > 0
+
+
+async def image_input_hits(client: httpx.AsyncClient) -> float:
+    lines = (await client.get("/metrics")).text.splitlines()
+    hits = [
+        line for line in lines if line.startswith("vlmq_cache_hits_total{") and 'cache="image_input"' in line
+    ]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in hits)
 
 
 async def test_an_openai_follow_up_streamed_skips_decoding_too(

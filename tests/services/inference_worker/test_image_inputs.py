@@ -28,7 +28,9 @@ def test_serves_all_or_nothing_and_evicts_the_least_recently_used() -> None:
     assert cache.get_all(["a"]) == {"a": a}  # a is now the most recently used
     cache.put_all({"c": c})
     assert cache.get_all(["b"]) is None and cache.get_all(["a", "c"]) == {"a": a, "c": c}
-    assert cache.stats()["entries"] == 2 and cache.bytes == 2 * one
+    stats = cache.stats()
+    assert stats["entries"] == 2 and stats["bytes"] == cache.bytes == 2 * one and stats["evictions"] == 1
+    assert (stats["hits"], stats["misses"]) == (3, 3)
 
 
 def test_a_second_put_replaces_and_an_oversized_image_is_not_kept() -> None:
