@@ -23,6 +23,7 @@ from typing import Any, cast
 import redis
 
 from scripts.redis_launcher import free_port, redis_binary
+from services.inference_worker.image_inputs import ImageInputCache
 from shared.config import InferenceSettings
 from shared.keys import Keys
 from tests.deploy.manifests import (
@@ -89,6 +90,7 @@ def write_heartbeat(client: redis.Redis, keys: Keys, *, healthy: bool, stopping:
         writer=SimpleNamespace(error=None if healthy else "boom", events=0, flushes=0),
         engine=SimpleNamespace(last_error=None, stats=lambda: SimpleNamespace(to_dict=dict)),
         _run_ids=list,
+        image_inputs=ImageInputCache(0),
         capacity=16,
         stopping=stop,
         r=client,
