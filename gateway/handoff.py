@@ -9,11 +9,12 @@
   finds no image and hands it over the same way.
 - **A turn that shows no new image** (``skips_decoding``: a follow-up about pictures shown
   before): its images were decoded for an earlier turn, and the worker that ran it keeps them
-  (``services.inference_worker.image_inputs``). ``ROUTE_HOLDER_LUA`` names that worker when it is
-  alive and of a release that keeps them; the job is then handed to its stream the same way, marked
-  ``decode_skipped``, with no pixels. Should the worker not hold them after all (evicted,
-  restarted, claimed by another), it sends the job back to decoding (``RETURN_TO_DECODING_LUA``).
-  No owner: a decode task, as for any job with images.
+  (``services.inference_worker.image_inputs``). While every live worker is of a release that keeps
+  them (``gateway.image_holders``), ``ROUTE_HOLDER_LUA`` names that worker when it is alive; the job
+  is then handed to its stream the same way, marked ``decode_skipped``, with no pixels. Should the
+  worker that takes it not hold them (evicted, restarted, the entry moved or claimed), it sends the
+  job back to decoding (``RETURN_TO_DECODING_LUA``). No owner: a decode task, as for any job with
+  images.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ async def next_stage(state: GatewayState, spec: JobSpec) -> NextStage:
     if not (settings.followups_skip_decoding and settings.affinity_routing and skips_decoding(spec)):
         return NextStage()
     keys = state.keys
+    if not await state.image_holders.every_worker_keeps_images(state.redis, keys, settings.worker_stale_s):
+        return NextStage()  # a rolling upgrade: a worker of the other release may get the turn
     alive_since, beats = time.time() - settings.worker_stale_s, keys.worker_heartbeat("")
     holder = await state.redis.eval(ROUTE_HOLDER_LUA, 3, *route_keys(keys, spec), alive_since, beats)
     if not holder:

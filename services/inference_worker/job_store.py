@@ -29,7 +29,7 @@ from shared.jobs import (
     status_args,
     terminal_event,
 )
-from shared.keys import Keys
+from shared.keys import INFERENCE_GROUP, Keys
 from shared.schemas import ErrorCode, JobEvent, JobStatus
 from shared.tensors import TensorCodecError, unpack_tensors
 from shared.values import as_str
@@ -73,6 +73,7 @@ class JobStore:
         self.image_ttl_s = image_ttl_s
         self._set_status = client.register_script(SET_STATUS_LUA)
         self._finish = client.register_script(FINISH_LUA)
+        self._return = client.register_script(RETURN_TO_DECODING_LUA)
 
     # --- reads ---
     def begin(self, job_id: str) -> Begun | None:
@@ -163,11 +164,15 @@ class JobStore:
         event = terminal_event(status, code, error, attempt)
         return self.finish(job_id, event, status, attempt if fenced else None) in (1, 2)
 
-    def return_to_decoding(self, pipe: Any, job_id: str, attempt: int, task_message: str) -> None:
-        """Queue ``RETURN_TO_DECODING_LUA`` on ``pipe`` (fenced by ``attempt``): waiting -> queued,
-        its decode task pushed onto the interactive decode queue."""
-        keys = [self.keys.job(job_id), self.keys.active_jobs(), self.keys.decode_queue()]
-        pipe_script(pipe, RETURN_TO_DECODING_LUA, keys, [time.time(), attempt, task_message])
+    def return_to_decoding(
+        self, job_id: str, attempt: int, task_message: str, stream: str, entry_id: str
+    ) -> int:
+        """``RETURN_TO_DECODING_LUA`` (fenced by ``attempt``): waiting or generating -> queued, its decode
+        task pushed onto the interactive decode queue, its entry acknowledged. 1 returned, 0 nothing to
+        return (entry acknowledged), -1 fenced (nothing written)."""
+        keys = [self.keys.job(job_id), self.keys.active_jobs(), self.keys.decode_queue(), stream]
+        args: list[str | float] = [time.time(), attempt, task_message, INFERENCE_GROUP, entry_id]
+        return int(self._return(keys=keys, args=args))
 
     def dead_letter(self, job_id: str, stage: str, attempts: int, reason: str, fence: int | None) -> None:
         """Fail the job for good (``fence``: the attempt that passed the cap, None: unfenced) and

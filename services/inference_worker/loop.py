@@ -226,7 +226,7 @@ class InferenceWorker:
             self._ack(entry)  # gone, or finished by an earlier delivery
             return None
         record, attempt = begun.record, begun.attempt
-        if attempt > self.settings.max_deliveries:
+        if attempt - int(begun.fields.get("returned", 0)) > self.settings.max_deliveries:
             why = f"delivered {attempt - 1} times without finishing"
             self.store.dead_letter(entry.job_id, "inference", attempt - 1, why, fence=attempt)
             self._ack(entry, outcome=JobStatus.FAILED)
@@ -245,14 +245,17 @@ class InferenceWorker:
 
     def _return_to_decoding(self, entry: Entry, attempt: int) -> None:
         """A turn handed over without pixels whose images are not held here (evicted, restarted,
-        claimed from another worker): its decode task again, the attempt given back, the entry
-        acknowledged, in one MULTI. The decode worker hands it back with pixels."""
-        log.info("job %s: its images are not held here; back to decoding", entry.job_id)
-        self.image_inputs.returned += 1
-        pipe = self.r.pipeline(transaction=True)
-        self.store.return_to_decoding(pipe, entry.job_id, attempt, self.sweeper.tasks.message(entry.job_id))
-        self.consumer.ack(pipe, entry)
-        pipe.execute()
+        claimed from another worker): its decode task again and its entry acknowledged, in one script.
+        The decode worker hands it back with pixels."""
+        message = self.sweeper.tasks.message(entry.job_id)
+        returned = self.store.return_to_decoding(entry.job_id, attempt, message, entry.stream, entry.entry_id)
+        if returned == 1:
+            self.image_inputs.returned += 1
+            log.info("job %s: its images are not held here; back to decoding", entry.job_id)
+        elif returned == -1:
+            log.warning(
+                "job %s: attempt %d fenced out; its entry is another attempt's", entry.job_id, attempt
+            )
 
     def _reject(self, entry: Entry, attempt: int, exc: Exception) -> None:
         self._forget(entry.job_id)
@@ -322,7 +325,8 @@ class InferenceWorker:
         if skipped and pixels is None:
             raise PixelsNeeded(f"{len(digests)} image(s), not all held here")
         images = self._decoded(spec.image_digest, digests, pixels)
-        self.image_inputs.put_all(images)
+        if spec.use_cache and pixels is not None:  # a previous release's float16 tensor: not kept
+            self.image_inputs.put_all(images)
         return images
 
     def _decoded(self, legacy: str | None, digests: list[str], pixels: bytes | None) -> dict[str, ImageInput]:

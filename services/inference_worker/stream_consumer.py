@@ -1,4 +1,5 @@
-"""The inference streams' consumer group: the only place that speaks XREADGROUP/XAUTOCLAIM/XACK.
+"""The inference streams' consumer group: the only place that speaks XREADGROUP/XAUTOCLAIM/XACK
+(but for ``RETURN_TO_DECODING_LUA``, which acknowledges the entry of the job it returns atomically).
 
 A worker reads two streams through the group ``INFERENCE_GROUP``: its own
 (``Keys.worker_stream``: jobs routed to it because its caches hold their session or image) first,

@@ -271,16 +271,22 @@ end
 return false
 """
 
-# KEYS: job hash, active-jobs set, decode queue list. ARGV: now, the attempt (fence), the decode
-# task's message. A job the gateway handed to inference without decoding (hash field
-# ``decode_skipped``) whose worker does not hold its images: back to ``queued`` with its decode
-# task, the flag cleared (the decode worker's pixels are then used: it never comes back twice),
-# and the attempt it began given back (it ran nothing and wrote nothing). Returns 1 returned, 0
-# not waiting (cancelled, expired meanwhile), -1 fenced.
+# KEYS: job hash, active-jobs set, decode queue list, the stream of the job's entry. ARGV: now, the
+# attempt (fence), the decode task's message, the consumer group, the entry id. A job the gateway
+# handed to inference without decoding (hash field ``decode_skipped``) whose worker does not hold
+# its images: back to ``queued`` with its decode task, the flag cleared (the decode worker's pixels
+# are then used: it never comes back twice), ``returned`` counted (a delivery that ran nothing:
+# not one of ``max_deliveries``), and its entry acknowledged and deleted. From ``waiting``, or
+# ``generating`` (a worker that died mid-answer: the next attempt skips the published tokens, as
+# any retry does). Returns 1 returned; 0 nothing to return (gone, terminal, already queued), the
+# entry acknowledged; -1 fenced (another attempt owns the job and its entry): nothing written.
 RETURN_TO_DECODING_LUA = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'waiting' then return 0 end
-if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -1 end
-redis.call('HINCRBY', KEYS[1], 'attempt', -1)
+local status = redis.call('HGET', KEYS[1], 'status')
+if status and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -1 end
+redis.call('XACK', KEYS[4], ARGV[4], ARGV[5])
+redis.call('XDEL', KEYS[4], ARGV[5])
+if status ~= 'waiting' and status ~= 'generating' then return 0 end
+redis.call('HINCRBY', KEYS[1], 'returned', 1)
 redis.call('HSET', KEYS[1], 'status', 'queued', 'updated_at', ARGV[1])
 redis.call('HDEL', KEYS[1], 'decode_skipped', 'entry_id', 'entry_stream')
 redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])

@@ -158,26 +158,52 @@ def test_terminal_event_shapes() -> None:
 
 
 def return_to_decoding(r: Any, keys: Keys, job_id: str, attempt: int) -> int:
-    script_keys = [keys.job(job_id), keys.active_jobs(), keys.decode_queue()]
-    return int(r.eval(RETURN_TO_DECODING_LUA, 3, *script_keys, time.time(), attempt, "task-" + job_id))
+    """Return the job (its entry: the one ``pending_entry`` made) to decoding."""
+    stream = keys.worker_stream("w")
+    entry = r.hget(keys.job(job_id), "entry_id") or b"0-1"
+    script_keys = [keys.job(job_id), keys.active_jobs(), keys.decode_queue(), stream]
+    args = [time.time(), attempt, "task-" + job_id, "inference", entry]
+    return int(r.eval(RETURN_TO_DECODING_LUA, 4, *script_keys, *args))
 
 
-def test_return_to_decoding_only_from_waiting_and_by_its_attempt(redis_client: Any, keys: Keys) -> None:
+def pending_entry(r: Any, keys: Keys, job_id: str) -> None:
+    """The job's entry in a worker's stream, read (pending) by that worker."""
+    stream = keys.worker_stream("w")
+    if not r.exists(stream):
+        r.xgroup_create(stream, "inference", id="0", mkstream=True)
+    entry = r.xadd(stream, {"job_id": job_id})
+    r.xreadgroup("inference", "w", {stream: ">"})
+    r.hset(keys.job(job_id), mapping={"entry_id": entry, "entry_stream": stream, "decode_skipped": "1"})
+
+
+def pending(r: Any, keys: Keys) -> int:
+    return int(r.xpending(keys.worker_stream("w"), "inference")["pending"])
+
+
+def test_return_to_decoding_from_waiting_or_generating_by_its_attempt(redis_client: Any, keys: Keys) -> None:
     r = redis_client
     job_id = new_job(r, keys, status="waiting", attempt=2)
-    r.hset(keys.job(job_id), mapping={"decode_skipped": "1", "entry_id": "1-0", "entry_stream": "s"})
-    assert return_to_decoding(r, keys, job_id, 1) == -1  # an older attempt
+    pending_entry(r, keys, job_id)
+    assert return_to_decoding(r, keys, job_id, 1) == -1  # an older attempt: the entry is not its own
+    assert pending(r, keys) == 1 and r.hget(keys.job(job_id), "status") == b"waiting"
     assert return_to_decoding(r, keys, job_id, 2) == 1
     record = r.hgetall(keys.job(job_id))
-    assert record[b"status"] == b"queued" and record[b"attempt"] == b"1"  # the attempt given back
+    assert record[b"status"] == b"queued" and record[b"attempt"] == b"2" and record[b"returned"] == b"1"
     assert not {b"decode_skipped", b"entry_id", b"entry_stream"} & set(record)
     assert r.lrange(keys.decode_queue(), 0, -1) == [f"task-{job_id}".encode()]
     assert r.zscore(keys.active_jobs(), keys.job(job_id)) is not None  # progress: the sweeper waits
-    assert return_to_decoding(r, keys, job_id, 1) == 0  # queued now: nothing twice
+    assert pending(r, keys) == 0 and r.xlen(keys.worker_stream("w")) == 0  # acknowledged and deleted
+    assert return_to_decoding(r, keys, job_id, 2) == 0  # queued now: nothing twice
+
+    died = new_job(r, keys, status="generating", attempt=1)  # its worker died mid-answer
+    pending_entry(r, keys, died)
+    assert return_to_decoding(r, keys, died, 1) == 1 and r.hget(keys.job(died), "status") == b"queued"
+
     cancelled = new_job(r, keys, status="waiting", attempt=1)
+    pending_entry(r, keys, cancelled)
     finish(r, keys, cancelled, JobStatus.CANCELLED)
-    assert return_to_decoding(r, keys, cancelled, 1) == 0  # cancelled meanwhile: no task
-    assert r.llen(keys.decode_queue()) == 1
+    assert return_to_decoding(r, keys, cancelled, 1) == 0  # cancelled meanwhile: no task, entry done
+    assert r.llen(keys.decode_queue()) == 2 and pending(r, keys) == 0
 
 
 def test_route_holder_names_only_a_live_owner_that_keeps_images(redis_client: Any, keys: Keys) -> None:

@@ -156,6 +156,31 @@ def test_poison_job_is_dead_lettered(inference_stack: ServiceStack) -> None:
     wait_for(lambda: r.xpending(keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0, 5, what="acked")
 
 
+def test_a_turn_without_pixels_claimed_from_a_dead_worker_goes_back_to_decoding(
+    inference_stack: ServiceStack, reference_engine: Engine
+) -> None:
+    """A turn the gateway handed over without pixels, mid-answer on a worker that died: the worker
+    that claims it does not hold its images, so it returns the job to decoding (once: not a
+    delivery that counts), and the decode worker hands it back with pixels."""
+    r, keys = inference_stack.redis, inference_stack.keys
+    data = J.image_bytes("PNG", (150, 210), seed=77)  # a picture this worker has never decoded
+    spec = J.make_spec(digest=J.store_image(r, keys, data), max_tokens=12)
+    J.create_job(r, keys, spec)
+    r.hset(keys.job(spec.job_id), mapping={"status": "generating", "attempt": 1, "decode_skipped": "1"})
+    pipe = r.pipeline(transaction=True)  # add + deliver to the ghost atomically: no live worker gets it first
+    pipe.xadd(keys.inference_stream(), {"job_id": spec.job_id})
+    pipe.xreadgroup(INFERENCE_GROUP, "ghost-worker", {keys.inference_stream(): ">"}, count=1000)
+    pipe.execute()
+    assert finished(inference_stack, spec.job_id, 60) is JobStatus.DONE
+    record = J.job(r, keys, spec.job_id)
+    fields = {k.decode(): v.decode() for k, v in r.hgetall(keys.job(spec.job_id)).items()}
+    assert fields["returned"] == "1" and "decode_skipped" not in fields and "decode_started_at" in fields
+    assert record.attempt == 3  # the claim that returned it, then the one with pixels
+    assert record.text == reference_text(inference_stack, reference_engine, spec)[0]
+    assert_stream_is_whole(inference_stack, spec.job_id)
+    wait_for(lambda: r.xpending(keys.inference_stream(), INFERENCE_GROUP)["pending"] == 0, 5, what="acked")
+
+
 def test_killed_worker_job_is_claimed_and_finished_once(
     inference_stack: ServiceStack, reference_engine: Engine
 ) -> None:
