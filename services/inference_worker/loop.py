@@ -19,14 +19,15 @@ from typing import Any
 
 import redis
 
-from services.engine.api import GenerationRequest, ImageInput, RequestRejected
+from services.engine.api import GenerationRequest, RequestRejected
 from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import Finished, WriterConfig
 from services.inference_worker.batch_hold import BatchHold
-from services.inference_worker.engine_request import build_request, needs_image, pixels_inputs
+from services.inference_worker.engine_request import build_request
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded
+from services.inference_worker.job_images import job_images
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import Begun, JobStore, begun
 from services.inference_worker.stream_consumer import Entry, StreamConsumer
@@ -292,7 +293,9 @@ class InferenceWorker:
     ) -> Ready:
         """The attempt's request and run; the run is registered (submitted by ``_submit_all``)."""
         spec = record.spec
-        images = self._images(record, pixels, skipped=DECODE_SKIPPED in fields)
+        images = job_images(
+            self.image_inputs, self.store, self.pixels, record.spec, pixels, DECODE_SKIPPED in fields
+        )
         request = build_request(spec, f"{spec.job_id}:{attempt}", images)
         run = JobRun(
             entry=entry,
@@ -307,35 +310,6 @@ class InferenceWorker:
         with self._lock:
             self.runs[spec.job_id] = run
         return run, request
-
-    def _images(self, record: JobRecord, pixels: bytes | None, skipped: bool) -> dict[str, ImageInput]:
-        """The job's images by digest: those this worker holds (``image_inputs``), else from the
-        pixels its decode worker stored (or, while a previous release's decode workers still run,
-        from their tensor of its one image). ``skipped``: handed over without pixels; PixelsNeeded
-        when they are not all held."""
-        spec = record.spec
-        digests = spec.image_digests()
-        if not needs_image(spec):
-            return {}
-        if not digests:
-            raise LookupError("the conversation refers to an image but the job has none")
-        held = self.image_inputs.get_all(digests) if spec.use_cache else None
-        if held is not None:
-            return held
-        if skipped and pixels is None:
-            raise PixelsNeeded(f"{len(digests)} image(s), not all held here")
-        images = self._decoded(spec.image_digest, digests, pixels)
-        if spec.use_cache and pixels is not None:  # a previous release's float16 tensor: not kept
-            self.image_inputs.put_all(images)
-        return images
-
-    def _decoded(self, legacy: str | None, digests: list[str], pixels: bytes | None) -> dict[str, ImageInput]:
-        """The images from the decode worker's pixels (or a previous release's tensor)."""
-        if pixels is None and legacy is not None and digests == [legacy]:
-            return {legacy: self.store.legacy_image(legacy, self.pixels.processor_id)}
-        if pixels is None:
-            raise LookupError("the job's decoded images are gone; submit the images again")
-        return pixels_inputs(self.pixels, pixels, digests)
 
     # --- running jobs ---
     def poll_cancels(self) -> None:
