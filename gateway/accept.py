@@ -13,9 +13,10 @@ it ran) may have applied some or all of it: the job is failed the same way (what
 then stops at its terminal state), and the conversation may hold the turn. Both answer 503
 ``queue_unavailable``.
 
-The lookup and admission share a round trip, so a result-cache hit holds an admission place (and,
-interactive, the batch hold) for that round trip; its own MULTI gives the place back (should that
-MULTI fail, the sweeper drops the place, the hold expires).
+The lookup, admission and the routing read of a job handed straight to inference (its owner) share a
+round trip, so a result-cache hit holds an admission place (and, interactive, the batch hold) for
+that round trip; its own MULTI gives the place back (should that MULTI fail, the sweeper drops the
+place, the hold expires).
 
 ``VLMQ_REDIS_MIN_REPLICAS`` > 0: the writes are two MULTIs, image + job record, then decode task
 + conversation, each followed by a WAIT on its connection (``ReplicatedPipeline``), so no task is
@@ -37,7 +38,15 @@ import redis.asyncio as aioredis
 
 from gateway.admission import queue_admission, refuse_when_full
 from gateway.errors import APIError
-from gateway.handoff import NextStage, next_stage, queue_handoff
+from gateway.handoff import (
+    NextStage,
+    Route,
+    next_stage,
+    plan_route,
+    queue_handoff,
+    queue_route_read,
+    read_next_stage,
+)
 from gateway.intake import Submission
 from gateway.job_records import count_outcome, finish_job
 from gateway.job_spec import PreparedJob, build_job
@@ -82,7 +91,8 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     """Result-cache lookup and admission in one round trip. A hit: one MULTI (which also gives
     back the place admission reserved), no work. Else 429 when full, or the writes and the task."""
     spec = job.spec
-    cached, admitted = await _lookup_and_admit(state, spec, use_result_cache)
+    route = await plan_route(state, spec)
+    cached, admitted, owner = await _lookup_and_admit(state, spec, use_result_cache, route)
     if cached is not None:  # served whether or not the queues had room
         queued_id = await _write(state, job, cached, conversation=True)
         await count_outcome(state, JobStatus.DONE)
@@ -96,16 +106,18 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
             raise await _not_replicated(state, spec.job_id, exc) from exc
         status = await _enqueue(state, job)
     else:
-        queued_id, status = await _write_and_enqueue(state, job)
+        queued_id, status = await _write_and_enqueue(state, job, next_stage(state, spec, route, owner))
     return Accepted(spec, status, queued_event_id=queued_id)
 
 
-async def _write_and_enqueue(state: GatewayState, job: PreparedJob) -> tuple[str, JobStatus]:
-    """Image, job, decode task (or hand-over) and conversation in one MULTI: one round trip less
-    than writing and enqueueing apart. Returns the queued event's id and the job's status."""
+async def _write_and_enqueue(
+    state: GatewayState, job: PreparedJob, stage: NextStage
+) -> tuple[str, JobStatus]:
+    """Image, job, decode task (or hand-over to ``stage``'s stream) and conversation in one MULTI:
+    one round trip less than writing and enqueueing apart. Returns the queued event's id and the
+    job's status."""
     spec = job.spec
     try:
-        stage = await next_stage(state, spec)
         async with state.redis.pipeline(transaction=True) as pipe:
             _write_image(pipe, state, job)
             queued_at = _write_job(pipe, state, spec, None)
@@ -166,7 +178,7 @@ async def _enqueue(state: GatewayState, job: PreparedJob) -> JobStatus:
     Returns the job's status after it."""
     spec = job.spec
     try:
-        stage = await next_stage(state, spec)
+        stage = await read_next_stage(state, spec)  # the owner now, after the first WAIT
         async with _pipeline(state, replicated=True) as pipe:
             _queue_next_stage(pipe, state, spec, stage)
             _write_conversation(pipe, state, job)
@@ -218,10 +230,10 @@ def cache_headers(accepted: Accepted, bypassed: bool, max_age: int) -> dict[str,
 
 
 async def _lookup_and_admit(
-    state: GatewayState, spec: JobSpec, use_result_cache: bool
-) -> tuple[result_cache.CachedResult | None, Any]:
-    """The result cache's answer (None: no lookup or a miss) and ``ADMIT_LUA``'s reply, in one
-    round trip."""
+    state: GatewayState, spec: JobSpec, use_result_cache: bool, route: Route
+) -> tuple[result_cache.CachedResult | None, Any, Any]:
+    """The result cache's answer (None: no lookup or a miss), ``ADMIT_LUA``'s reply and the
+    route's read (the owner a hand-over goes to; None when it needs no read), in one round trip."""
     settings = state.settings
     key = None
     if use_result_cache:
@@ -231,14 +243,16 @@ async def _lookup_and_admit(
         if key is not None:
             pipe.get(key)
         queue_admission(pipe, state.keys, spec.job_id, settings.max_queue_depth, hold_s)
+        reads_route = queue_route_read(pipe, state, spec, route)
         replies = await pipe.execute()
+    owner = replies[-1] if reads_route else None
     if key is None:
-        return None, replies[0]
+        return None, replies[0], owner
     hit = result_cache.decode(replies[0])
     state.metrics.result_cache_lookups.inc()
     if hit is not None:
         state.metrics.result_cache_hits.inc()
-    return hit, replies[1]
+    return hit, replies[1], owner
 
 
 def _write_image(pipe: aioredis.client.Pipeline, state: GatewayState, job: PreparedJob) -> None:

@@ -1,12 +1,13 @@
 """Jobs the gateway hands to inference itself, skipping the decode worker.
 
 - **Text only** (nothing to decode): the same two steps as the decode worker's hand-over
-  (``worker.pipeline``): ``ROUTE_LUA`` names the live owner of the job's session KV (a read, before
-  the MULTI), then ``HANDOFF_LUA`` moves the job from ``queued`` to ``waiting`` and adds its entry
-  to the chosen stream, atomically, inside the caller's MULTI (with the job's and the
-  conversation's writes; with replicas to wait for, a second MULTI after the record's). A gateway
-  that dies between those two leaves it ``queued``: the sweeper then gives it a decode task, which
-  finds no image and hands it over the same way.
+  (``worker.pipeline``): ``ROUTE_LUA`` names the live owner of the job's session KV (a read before
+  the MULTI, sharing the admission's round trip: ``plan_route``, ``queue_route_read``), then
+  ``HANDOFF_LUA`` moves the job from ``queued`` to ``waiting`` and adds its entry to the chosen
+  stream, atomically, inside the caller's MULTI (with the job's and the conversation's writes; with
+  replicas to wait for, a second MULTI after the record's). A gateway that dies between those two
+  leaves it ``queued``: the sweeper then gives it a decode task, which finds no image and hands it
+  over the same way.
 - **A turn that shows no new image** (``skips_decoding``: a follow-up about pictures shown
   before): its images were decoded for an earlier turn, and the worker that ran it keeps them
   (``services.inference_worker.image_inputs``). While every live worker is of a release that keeps
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from gateway.state import GatewayState
@@ -37,31 +39,55 @@ class NextStage:
     decode_skipped: bool = False  # has images, handed over without pixels
 
 
-async def next_stage(state: GatewayState, spec: JobSpec) -> NextStage:
-    """A decode task, or (text only, or a turn whose images its worker holds) an inference stream."""
+class Route(Enum):
+    """The routing read a job needs before its writes (``plan_route``)."""
+
+    DECODE = "decode"  # a decode task: nothing to read
+    SHARED = "shared"  # text only, to the shared (or batch) stream: nothing to read
+    OWNER = "owner"  # text only: ``ROUTE_LUA``, its session's live owner
+    HOLDER = "holder"  # a turn that may skip decoding: ``ROUTE_HOLDER_LUA``
+
+
+async def plan_route(state: GatewayState, spec: JobSpec) -> Route:
+    """Which read decides the job's next stage (its heartbeat read, at most every 2 s, aside)."""
+    settings = state.settings
     if not needs_decoding(spec):
-        return NextStage(await inference_stream(state, spec))
-    settings = state.settings
+        routed = spec.priority != "batch" and settings.affinity_routing
+        return Route.OWNER if routed else Route.SHARED
     if not (settings.followups_skip_decoding and settings.affinity_routing and skips_decoding(spec)):
-        return NextStage()
-    keys = state.keys
-    if not await state.image_holders.every_worker_keeps_images(state.redis, keys, settings.worker_stale_s):
-        return NextStage()  # a rolling upgrade: a worker of the other release may get the turn
-    alive_since, beats = time.time() - settings.worker_stale_s, keys.worker_heartbeat("")
-    holder = await state.redis.eval(ROUTE_HOLDER_LUA, 3, *route_keys(keys, spec), alive_since, beats)
-    if not holder:
-        return NextStage()
-    return NextStage(stream_for(keys, spec, holder, affinity_routing=True), decode_skipped=True)
+        return Route.DECODE
+    keys, stale_s = state.keys, settings.worker_stale_s
+    if not await state.image_holders.every_worker_keeps_images(state.redis, keys, stale_s):
+        return Route.DECODE  # a rolling upgrade: a worker of the other release may get the turn
+    return Route.HOLDER
 
 
-async def inference_stream(state: GatewayState, spec: JobSpec) -> str:
-    """The stream this job goes to (its session's owner when alive and routing is on)."""
-    settings = state.settings
-    if spec.priority == "batch" or not settings.affinity_routing:
-        return stream_for(state.keys, spec, None, settings.affinity_routing)
-    alive_since = time.time() - settings.worker_stale_s
-    owner = await state.redis.eval(ROUTE_LUA, 3, *route_keys(state.keys, spec), alive_since)
-    return stream_for(state.keys, spec, owner or None, settings.affinity_routing)
+def queue_route_read(pipe: Any, state: GatewayState, spec: JobSpec, route: Route) -> bool:
+    """Queue the route's read on ``pipe`` (a pipeline: it shares a round trip with admission);
+    False when it needs none (its reply is then not in the pipeline's)."""
+    keys, alive_since = state.keys, time.time() - state.settings.worker_stale_s
+    if route is Route.OWNER:
+        pipe.eval(ROUTE_LUA, 3, *route_keys(keys, spec), alive_since)
+    elif route is Route.HOLDER:
+        pipe.eval(ROUTE_HOLDER_LUA, 3, *route_keys(keys, spec), alive_since, keys.worker_heartbeat(""))
+    return route in (Route.OWNER, Route.HOLDER)
+
+
+def next_stage(state: GatewayState, spec: JobSpec, route: Route, owner: Any = None) -> NextStage:
+    """The job's next stage from its route and its read's reply (the owner, or none)."""
+    keys, routing = state.keys, state.settings.affinity_routing
+    if route is Route.DECODE or (route is Route.HOLDER and not owner):
+        return NextStage()
+    return NextStage(stream_for(keys, spec, owner or None, routing), decode_skipped=route is Route.HOLDER)
+
+
+async def read_next_stage(state: GatewayState, spec: JobSpec) -> NextStage:
+    """``next_stage`` with a round trip of its own (where no admission read runs beside it)."""
+    route = await plan_route(state, spec)
+    async with state.redis.pipeline(transaction=False) as pipe:
+        reads = queue_route_read(pipe, state, spec, route)
+        replies = await pipe.execute() if reads else [None]
+    return next_stage(state, spec, route, replies[0])
 
 
 def queue_handoff(pipe: Any, state: GatewayState, spec: JobSpec, stage: NextStage) -> None:
