@@ -227,9 +227,10 @@ class InferenceWorker:
             self._ack(entry)  # gone, or finished by an earlier delivery
             return None
         record, attempt = begun.record, begun.attempt
-        if attempt - int(begun.fields.get("returned", 0)) > self.settings.max_deliveries:
-            why = f"delivered {attempt - 1} times without finishing"
-            self.store.dead_letter(entry.job_id, "inference", attempt - 1, why, fence=attempt)
+        delivered = attempt - int(begun.fields.get("returned", 0))  # a return to decoding ran nothing
+        if delivered > self.settings.max_deliveries:
+            why = f"delivered {delivered - 1} times without finishing"
+            self.store.dead_letter(entry.job_id, "inference", delivered - 1, why, fence=attempt)
             self._ack(entry, outcome=JobStatus.FAILED)
             return None
         if reason := self._refusal(record, attempt, begun.cancelled):
