@@ -10,7 +10,7 @@ picture to the model; whether the pipeline decodes it again for every turn shows
 ``decode`` stage and the decode workers' CPU.
 
 Two stacks, one after the other, on the same workload: the default (a follow-up goes straight to
-the worker holding its images) and ``VLMQ_FOLLOWUPS_SKIP_DECODING=false`` (every turn decodes
+the worker holding its images) and ``VLMQ_REUSE_DECODED_IMAGES=false`` (every turn decodes
 every picture of its conversation); the report puts their follow-up turns side by side.
 """
 
@@ -41,7 +41,7 @@ SEED = 4242
 PROCESSES = ("gateway", "decode", "inference", "redis")
 VARIANTS = {  # name -> the stack's extra settings
     "skip decoding": {},
-    "decode every turn": {"VLMQ_FOLLOWUPS_SKIP_DECODING": "false"},
+    "decode every turn": {"VLMQ_REUSE_DECODED_IMAGES": "false"},
 }
 
 

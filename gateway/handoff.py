@@ -8,14 +8,14 @@
   replicas to wait for, a second MULTI after the record's). A gateway that dies between those two
   leaves it ``queued``: the sweeper then gives it a decode task, which finds no image and hands it
   over the same way.
-- **A turn that shows no new image** (``skips_decoding``: a follow-up about pictures shown
-  before): its images were decoded for an earlier turn, and the worker that ran it keeps them
+- **A job whose images a live worker already decoded** (``may_skip_decoding``: a follow-up about
+  pictures shown before, or a picture sent before): the worker that decoded them keeps them
   (``services.inference_worker.image_inputs``). While every live worker is of a release that keeps
-  them (``gateway.image_holders``), ``ROUTE_HOLDER_LUA`` names that worker when it is alive; the job
-  is then handed to its stream the same way, marked ``decode_skipped``, with no pixels. Should the
-  worker that takes it not hold them (evicted, restarted, the entry moved or claimed), it sends the
-  job back to decoding (``RETURN_TO_DECODING_LUA``). No owner: a decode task, as for any job with
-  images.
+  them (``gateway.image_holders``), ``ROUTE_HOLDER_LUA`` names that worker: a follow-up's session
+  owner, else the one worker that owns every image of the job; the job is then handed to its
+  stream the same way, marked ``decode_skipped``, with no pixels. Should the worker that takes it
+  not hold them (evicted, restarted, the entry moved or claimed), it sends the job back to decoding
+  (``RETURN_TO_DECODING_LUA``). No such worker: a decode task, as for any job with images.
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from typing import Any
 
 from gateway.state import GatewayState
 from shared.jobs import HANDOFF_LUA, ROUTE_HOLDER_LUA, ROUTE_LUA, job_keys, pipe_script, status_args
-from shared.jobs.routing import DECODE_SKIPPED, needs_decoding, route_keys, skips_decoding, stream_for
+from shared.jobs.routing import (
+    DECODE_SKIPPED,
+    holder_keys,
+    is_follow_up,
+    may_skip_decoding,
+    needs_decoding,
+    route_keys,
+    stream_for,
+)
 from shared.schemas import JobSpec, JobStatus
 
 
@@ -45,7 +53,7 @@ class Route(Enum):
     DECODE = "decode"  # a decode task: nothing to read
     SHARED = "shared"  # text only, to the shared (or batch) stream: nothing to read
     OWNER = "owner"  # text only: ``ROUTE_LUA``, its session's live owner
-    HOLDER = "holder"  # a turn that may skip decoding: ``ROUTE_HOLDER_LUA``
+    HOLDER = "holder"  # a job that may skip decoding: ``ROUTE_HOLDER_LUA``
 
 
 async def plan_route(state: GatewayState, spec: JobSpec) -> Route:
@@ -54,7 +62,7 @@ async def plan_route(state: GatewayState, spec: JobSpec) -> Route:
     if not needs_decoding(spec):
         routed = spec.priority != "batch" and settings.affinity_routing
         return Route.OWNER if routed else Route.SHARED
-    if not (settings.followups_skip_decoding and settings.affinity_routing and skips_decoding(spec)):
+    if not (settings.reuse_decoded_images and settings.affinity_routing and may_skip_decoding(spec)):
         return Route.DECODE
     keys, stale_s = state.keys, settings.worker_stale_s
     if not await state.image_holders.every_worker_keeps_images(state.redis, keys, stale_s):
@@ -69,7 +77,9 @@ def queue_route_read(pipe: Any, state: GatewayState, spec: JobSpec, route: Route
     if route is Route.OWNER:
         pipe.eval(ROUTE_LUA, 3, *route_keys(keys, spec), alive_since)
     elif route is Route.HOLDER:
-        pipe.eval(ROUTE_HOLDER_LUA, 3, *route_keys(keys, spec), alive_since, keys.worker_heartbeat(""))
+        held = holder_keys(keys, spec)
+        follow_up = "1" if is_follow_up(spec) else "0"
+        pipe.eval(ROUTE_HOLDER_LUA, len(held), *held, alive_since, keys.worker_heartbeat(""), follow_up)
     return route in (Route.OWNER, Route.HOLDER)
 
 

@@ -145,10 +145,10 @@ class CommonSettings(BaseSettings):
 class GatewaySettings(CommonSettings):
     host: str = Field("127.0.0.1", description="Gateway bind address")
     port: int = Field(8000, description="Gateway port")
-    followups_skip_decoding: bool = Field(
+    reuse_decoded_images: bool = Field(
         True,
-        description="Hand a turn that shows no new image straight to the live inference worker that "
-        "holds its conversation's images (no decode task; it sends the turn back on a miss)",
+        description="Hand a job whose images a live inference worker already decoded (a follow-up, or a "
+        "picture sent before) straight to that worker: no decode task (it sends the job back on a miss)",
     )
     result_cache_ttl_s: int = Field(
         3600, description="Greedy result cache lifetime (and Cache-Control max-age)"

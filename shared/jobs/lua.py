@@ -251,23 +251,30 @@ return {attempt, redis.call('EXISTS', KEYS[2]), raw, pixels}
 """
 )
 
-# KEYS: as ROUTE_LUA. ARGV: the oldest heartbeat that still counts as alive, the heartbeat keys'
-# prefix (``Keys.worker_heartbeat('')``). For a turn that shows no new image (the gateway's direct
-# hand-over, ``shared.jobs.routing.skips_decoding``): the live owner, as ROUTE_LUA picks it, whose
-# heartbeat says it keeps decoded images (field ``image_inputs``: a worker that can also send a
-# job back to decoding); false: none, the job is decoded as before. A worker of a release without
-# it (a rolling upgrade) never gets a job without pixels.
+# KEYS: the session-owner key, the workers' registry, then each image's owner key. ARGV: the oldest
+# heartbeat that still counts as alive, the heartbeat keys' prefix (``Keys.worker_heartbeat('')``),
+# '1' for a follow-up (its last turn shows no image). For a job the gateway may hand over without
+# pixels (``shared.jobs.routing.may_skip_decoding``): a follow-up's live session owner, else the
+# one live worker that owns every image of the job (their owner keys all name it), provided its
+# heartbeat says it keeps decoded images (field ``image_inputs``); false: none, a decode task.
 ROUTE_HOLDER_LUA = """
-for i = 1, 2 do
-  local owner = redis.call('GET', KEYS[i])
-  if owner then
-    local beat = redis.call('ZSCORE', KEYS[3], owner)
-    if beat and tonumber(beat) >= tonumber(ARGV[1]) then
-      local stats = redis.call('GET', ARGV[2] .. owner)
-      if stats and string.find(stats, '"image_inputs"', 1, true) then return owner end
-    end
-  end
+local function keeps_images(w)
+  local beat = redis.call('ZSCORE', KEYS[2], w)
+  if not beat or tonumber(beat) < tonumber(ARGV[1]) then return false end
+  local stats = redis.call('GET', ARGV[2] .. w)
+  return stats and string.find(stats, '"image_inputs"', 1, true) ~= nil
 end
+if ARGV[3] == '1' then
+  local owner = redis.call('GET', KEYS[1])
+  if owner and keeps_images(owner) then return owner end
+end
+local holder = false
+for i = 3, #KEYS do
+  local owner = redis.call('GET', KEYS[i])
+  if not owner or (holder and owner ~= holder) then return false end
+  holder = owner
+end
+if holder and keeps_images(holder) then return holder end
 return false
 """
 

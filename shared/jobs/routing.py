@@ -40,10 +40,21 @@ def needs_decoding(spec: JobSpec) -> bool:
 DECODE_SKIPPED = "decode_skipped"  # job hash field: handed to inference by the gateway, no pixels
 
 
-def skips_decoding(spec: JobSpec) -> bool:
-    """A turn that shows no new image, of interactive work with caches on: the gateway may hand it
-    straight to the live worker that holds its images (``ROUTE_HOLDER_LUA``), which sends it back
-    to decoding when it does not hold them after all (``RETURN_TO_DECODING_LUA``)."""
+def may_skip_decoding(spec: JobSpec) -> bool:
+    """Interactive work with images and caches on: the gateway may hand it straight to a live worker
+    that already decoded all its images (``ROUTE_HOLDER_LUA``), which sends it back to decoding
+    when it does not hold them after all (``RETURN_TO_DECODING_LUA``)."""
+    return needs_decoding(spec) and spec.priority != "batch" and spec.use_cache
+
+
+def is_follow_up(spec: JobSpec) -> bool:
+    """Its last turn shows no image: every image it shows was shown by an earlier turn (and so the
+    session's worker decoded them all)."""
     last = spec.messages[-1] if spec.messages else None
-    shows_new = last is None or bool(last.image or last.images)
-    return needs_decoding(spec) and not shows_new and spec.priority != "batch" and spec.use_cache
+    return last is not None and not (last.image or last.images)
+
+
+def holder_keys(keys: Keys, spec: JobSpec) -> list[str]:
+    """KEYS of ``ROUTE_HOLDER_LUA``: the session owner, the workers' registry, each image's owner."""
+    owners = [keys.image_owner(digest) for digest in spec.image_digests()]
+    return [keys.session_owner(spec.affinity_key or ""), keys.workers(), *owners]

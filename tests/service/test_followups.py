@@ -1,6 +1,7 @@
-"""A turn that shows no new image skips the decode hop: the gateway hands it straight to the live
-worker that holds its conversation's images, which answers from them; a worker that does not hold
-them sends the turn back to decoding. Every answer equals the engine's uncached batch-of-one run."""
+"""A job whose images a live worker already decoded skips the decode hop (a follow-up, or a picture
+sent before): the gateway hands it straight to that worker, which answers from them; a worker that
+does not hold them sends the job back to decoding. Every answer equals the engine's uncached
+batch-of-one run."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def record(stack: ServiceStack, job_id: str) -> tuple[JobRecord, dict[str, str]]
     return JobRecord.from_hash(raw), {k.decode(): v.decode() for k, v in raw.items()}
 
 
-async def picture_turn(client: httpx.AsyncClient, data: bytes) -> dict[str, Any]:
-    form = {"prompt": "What colour is the square?", "max_tokens": "8"}
+async def picture_turn(
+    client: httpx.AsyncClient, data: bytes, prompt: str = "What colour is the square?"
+) -> dict[str, Any]:
+    form = {"prompt": prompt, "max_tokens": "8"}
     files = {"image": ("i.jpg", data, "image/jpeg")}
     resp = await client.post("/v1/jobs", data=form, files=files, headers=NO_CACHE)
     assert resp.status_code == 202, resp.text
@@ -68,6 +71,19 @@ async def image_input_hits(client: httpx.AsyncClient) -> float:
         line for line in lines if line.startswith("vlmq_cache_hits_total{") and 'cache="image_input"' in line
     ]
     return sum(float(line.rsplit(" ", 1)[1]) for line in hits)
+
+
+async def test_a_picture_sent_before_is_not_decoded_again(
+    client: httpx.AsyncClient, service_stack: ServiceStack, reference: Reference
+) -> None:
+    data = image_bytes("JPEG", (260, 300), seed=75)
+    first = await picture_turn(client, data)
+    assert "decode_skipped" not in record(service_stack, first["id"])[1]  # new: decoded
+    again = await picture_turn(client, data, "How many shapes are there?")  # a new conversation
+    spec, fields = record(service_stack, again["id"])
+    assert again["session_id"] != first["session_id"]
+    assert fields["decode_skipped"] == "1" and "decode_started_at" not in fields
+    assert again["final_text"] == reference.answer(spec.spec, data)
 
 
 async def test_an_openai_follow_up_streamed_skips_decoding_too(

@@ -206,24 +206,32 @@ def test_return_to_decoding_from_waiting_or_generating_by_its_attempt(redis_clie
     assert r.llen(keys.decode_queue()) == 2 and pending(r, keys) == 0
 
 
-def test_route_holder_names_only_a_live_owner_that_keeps_images(redis_client: Any, keys: Keys) -> None:
+def test_route_holder_names_a_live_worker_that_decoded_every_image(redis_client: Any, keys: Keys) -> None:
     r = redis_client
-    spec = make_spec()
-    route = [
-        keys.session_owner(spec.affinity_key or ""),
-        keys.image_owner(spec.image_digest or ""),
-        keys.workers(),
-    ]
+    session, images = keys.session_owner("s-1"), [keys.image_owner("d1"), keys.image_owner("d2")]
 
-    def holder(alive_since: float) -> Any:
-        return r.eval(ROUTE_HOLDER_LUA, 3, *route, alive_since, keys.worker_heartbeat(""))
+    def holder(follow_up: bool, alive_since: float | None = None) -> Any:
+        since = time.time() - 5 if alive_since is None else alive_since
+        args = [since, keys.worker_heartbeat(""), "1" if follow_up else "0"]
+        return r.eval(ROUTE_HOLDER_LUA, 4, session, keys.workers(), *images, *args)
 
-    now = time.time()
-    r.set(route[0], "old")  # the session's owner: alive, of a release that keeps no images
-    r.zadd(keys.workers(), {"old": now, "new": now})
-    r.set(keys.worker_heartbeat("old"), json.dumps({"worker_id": "old"}))
-    assert holder(now - 5) is None
-    r.set(route[1], "new")  # the image's owner keeps them
-    r.set(keys.worker_heartbeat("new"), json.dumps({"worker_id": "new", "image_inputs": {"entries": 0}}))
-    assert holder(now - 5) == b"new"
-    assert holder(now + 5) is None  # its heartbeat is stale
+    def beat(worker: str, keeps_images: bool) -> None:
+        r.zadd(keys.workers(), {worker: time.time()})
+        stats = {"worker_id": worker, **({"image_inputs": {"entries": 0}} if keeps_images else {})}
+        r.set(keys.worker_heartbeat(worker), json.dumps(stats))
+
+    beat("old", keeps_images=False)
+    beat("new", keeps_images=True)
+    beat("other", keeps_images=True)
+    r.set(session, "new")
+    assert holder(follow_up=True) == b"new"  # a follow-up: its session's owner decoded them all
+    assert holder(follow_up=False) is None  # a new picture: nobody owns its images
+    r.set(images[0], "other")
+    r.set(images[1], "new")
+    assert holder(follow_up=False) is None  # two owners: no one worker holds them all
+    r.set(images[1], "other")
+    assert holder(follow_up=False) == b"other"
+    assert holder(follow_up=False, alive_since=time.time() + 5) is None  # its heartbeat is stale
+    r.set(session, "old")
+    r.mset({images[0]: "old", images[1]: "old"})
+    assert holder(follow_up=True) is None  # alive, but of a release that keeps no images
