@@ -7,7 +7,8 @@ phases (every conversation's turn 1, then every turn 2, ...; C conversations at 
 phase's CPU per process kind is that turn's cost. Per turn: e2e and the done event's stage times
 (medians) and CPU-ms a turn by process. A text-only follow-up still shows the conversation's
 picture to the model; whether the pipeline decodes it again for every turn shows in the
-``decode`` stage and the decode workers' CPU.
+``decode`` stage and the decode workers' CPU. A last phase sends each conversation's picture again,
+with its first question, in a new conversation.
 
 Two stacks, one after the other, on the same workload: the default (a follow-up goes straight to
 the worker holding its images) and ``VLMQ_REUSE_DECODED_IMAGES=false`` (every turn decodes
@@ -39,6 +40,7 @@ STAGES = ("queue", "decode", "wait", "vision", "prefill", "generation")
 MAX_TOKENS = 16
 SEED = 4242
 PROCESSES = ("gateway", "decode", "inference", "redis")
+AGAIN = -1  # the phase that sends each conversation's picture again, in a new conversation
 VARIANTS = {  # name -> the stack's extra settings
     "skip decoding": {},
     "decode every turn": {"VLMQ_REUSE_DECODED_IMAGES": "false"},
@@ -64,7 +66,8 @@ async def turn(ws: ClientConnection, message: dict[str, Any]) -> dict[str, Any]:
 
 
 def message(index: int, picture: BenchRequest, session: str | None) -> dict[str, Any]:
-    if index == 0:
+    """Turn ``index`` (0: the picture; AGAIN: the same picture in a new conversation)."""
+    if index in (0, AGAIN):
         return {"prompt": picture.question, "image": picture.data_url}
     return {"prompt": FOLLOW_UPS[(index - 1) % len(FOLLOW_UPS)], "session_id": session}
 
@@ -87,13 +90,13 @@ async def phase(
     return out
 
 
-def summary(index: int, rows: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
+def summary(number: int, kind: str, rows: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
     def ms(values: list[float]) -> float:
         return round(1000 * statistics.median(values), 2)
 
     return {
-        "turn": index + 1,
-        "kind": "picture" if index == 0 else "text follow-up",
+        "turn": number,
+        "kind": kind,
         "e2e_ms": ms([r["e2e"] for r in rows]),
         "stages_ms": {s: ms([r["timings"].get(s, 0.0) for r in rows]) for s in STAGES},
         "cpu_ms": cpu,
@@ -109,23 +112,30 @@ async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[st
         await phase(stack, index, warm, sessions, 1)
     pictures = make_requests(args.conversations, SEED)
     sessions = [None] * len(pictures)
-    rows = []
-    for index in range(args.turns):
+    rows: list[dict[str, Any]] = []
+    for index in [*range(args.turns), AGAIN]:
         before = await asyncio.to_thread(meter.read)
-        results = await phase(stack, index, pictures, sessions, args.concurrency)
+        fresh: list[str | None] = [None] * len(pictures)
+        own = sessions if index != AGAIN else fresh  # AGAIN: new conversations
+        results = await phase(stack, index, pictures, own, args.concurrency)
         after = await asyncio.to_thread(meter.read)
         n = len(results)
         cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / n, 2) for k in after.cpu_s}
-        rows.append(summary(index, results, cpu))
+        kind = {0: "picture", AGAIN: "picture sent again"}.get(index, "text follow-up")
+        rows.append(summary(len(rows) + 1, kind, results, cpu))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def follow_ups(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The follow-up turns' e2e (median of the turns' medians) and CPU-ms a turn, all processes."""
-    later = [row for row in rows if row["turn"] > 1]
+    later = [row for row in rows if row["kind"] == "text follow-up"]
     cpu = [sum(row["cpu_ms"].get(k, 0.0) for k in PROCESSES) for row in later]
     return {"e2e_ms": statistics.median(r["e2e_ms"] for r in later), "cpu_ms": statistics.median(cpu)}
+
+
+def _row(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(row for row in rows if row["kind"] == kind)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -154,6 +164,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{off['e2e_ms']:.1f} ms ({on['e2e_ms'] / off['e2e_ms']:.2f}x), CPU {on['cpu_ms']:.2f} vs "
         f"{off['cpu_ms']:.2f} ms a turn ({on['cpu_ms'] / off['cpu_ms']:.2f}x).",
     ]
+    again_on, again_off = (_row(result["runs"][v], "picture sent again") for v in VARIANTS)
+    lines.append(
+        f"A picture sent again in a new conversation: e2e {again_on['e2e_ms']:.1f} vs "
+        f"{again_off['e2e_ms']:.1f} ms ({again_on['e2e_ms'] / again_off['e2e_ms']:.2f}x)."
+    )
     return "\n".join(lines) + "\n"
 
 

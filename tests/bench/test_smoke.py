@@ -112,14 +112,16 @@ def test_turns_bench_smoke(tmp_path: Path) -> None:
     result = run_bench("bench.turns_bench", tmp_path, timeout_s=120)
     assert list(result["runs"]) == ["skip decoding", "decode every turn"]
     for rows in result["runs"].values():
-        assert [(row["turn"], row["kind"]) for row in rows] == [(1, "picture"), (2, "text follow-up")]
+        kinds = [(row["turn"], row["kind"]) for row in rows]
+        assert kinds == [(1, "picture"), (2, "text follow-up"), (3, "picture sent again")]
         for row in rows:  # every conversation answered each turn; stage times and CPU recorded
             assert row["answered"] == result["conversations"]
             assert row["e2e_ms"] > 0 and set(row["stages_ms"]) >= {"queue", "decode", "wait", "vision"}
             assert {"gateway", "decode", "inference", "redis"} <= set(row["cpu_ms"])
         assert rows[1]["stages_ms"]["vision"] == 0  # the follow-up's picture came from the session's caches
-    skipped, decoded = (rows[1]["stages_ms"]["decode"] for rows in result["runs"].values())
-    assert skipped == 0 < decoded  # the follow-up went straight to its worker in the first stack only
+    for turn in (1, 2):  # the follow-up and the picture sent again went straight to their worker
+        skipped, decoded = (rows[turn]["stages_ms"]["decode"] for rows in result["runs"].values())
+        assert skipped == 0 < decoded, turn  # in the first stack only
     assert set(result["follow_ups"]) == set(result["runs"])
     assert (tmp_path / "turns_bench_smoke.md").exists()
 
