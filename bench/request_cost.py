@@ -28,8 +28,7 @@ from PIL import Image
 from bench.report_files import write_report
 from bench.resources import Meter
 from bench.service_bench import stack_env
-from bench.stack_runs import on_stack, stack_meter
-from tests.support.models import test_model_path
+from bench.stack_runs import add_stack_options, on_stack, stack_meter
 from tests.support.stack import ServiceStack
 
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -148,10 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="seconds: a few requests a kind (make test)")
     parser.add_argument("--requests", type=int, default=200, help="requests a kind")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--model", default=str(test_model_path()))
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")
+    add_stack_options(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.requests, args.concurrency = 4, 2

@@ -3,6 +3,7 @@ turns benches share."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 
 from bench.resources import Meter
 from scripts.redis_launcher import start_redis
+from tests.support.models import test_model_path
 from tests.support.stack import ALL, ServiceStack
 
 T = TypeVar("T")
@@ -31,3 +33,11 @@ def on_stack(extra_env: dict[str, str], logs: Path, measure: Measure[T]) -> T:
 def stack_meter(stack: ServiceStack) -> Meter:
     """CPU per process kind of the stack (and Redis), for readings around a phase."""
     return Meter(stack.redis, stack.keys, {name: proc.pid for name, proc in stack.procs.items()})
+
+
+def add_stack_options(parser: argparse.ArgumentParser) -> None:
+    """The options every stack bench takes: the model, torch threads, where results go, settings."""
+    parser.add_argument("--model", default=str(test_model_path()))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")

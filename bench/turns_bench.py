@@ -31,8 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.report_files import write_report
 from bench.service_bench import stack_env
 from bench.service_workload import BenchRequest, make_requests
-from bench.stack_runs import on_stack, stack_meter
-from tests.support.models import test_model_path
+from bench.stack_runs import add_stack_options, on_stack, stack_meter
 from tests.support.stack import ServiceStack
 
 FOLLOW_UPS = ("What else is in the picture?", "How many shapes are there?", "What colour is the largest one?")
@@ -178,10 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, default=40)
     parser.add_argument("--turns", type=int, default=3, help="the picture's turn, then text follow-ups")
     parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--model", default=str(test_model_path()))
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")
+    add_stack_options(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.conversations, args.turns, args.concurrency = 2, 2, 1

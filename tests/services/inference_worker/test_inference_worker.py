@@ -132,6 +132,15 @@ def test_expired_job_is_never_run(inference_stack: ServiceStack) -> None:
     ]
 
 
+def deliver_to_a_dead_worker(stack: ServiceStack, job_id: str) -> None:
+    """The job's entry, read by a consumer that then died: add and deliver atomically, so no live
+    worker gets it first (it is claimed once idle)."""
+    keys, pipe = stack.keys, stack.redis.pipeline(transaction=True)
+    pipe.xadd(keys.inference_stream(), {"job_id": job_id})
+    pipe.xreadgroup(INFERENCE_GROUP, "ghost-worker", {keys.inference_stream(): ">"}, count=1000)
+    pipe.execute()
+
+
 def test_poison_job_is_dead_lettered(inference_stack: ServiceStack) -> None:
     """An entry a dead consumer took, after max_deliveries attempts already died on it."""
     r, keys = inference_stack.redis, inference_stack.keys
@@ -144,10 +153,7 @@ def test_poison_job_is_dead_lettered(inference_stack: ServiceStack) -> None:
             "attempt": inference_stack.env["VLMQ_MAX_DELIVERIES"],
         },
     )
-    pipe = r.pipeline(transaction=True)  # add + deliver to the ghost atomically: no live worker gets it first
-    pipe.xadd(keys.inference_stream(), {"job_id": spec.job_id})
-    pipe.xreadgroup(INFERENCE_GROUP, "ghost-worker", {keys.inference_stream(): ">"}, count=1000)
-    pipe.execute()
+    deliver_to_a_dead_worker(inference_stack, spec.job_id)
     assert finished(inference_stack, spec.job_id, 30) is JobStatus.FAILED
     record = J.job(r, keys, spec.job_id)
     assert record.error and "dead letter" in record.error
@@ -167,10 +173,7 @@ def test_a_turn_without_pixels_claimed_from_a_dead_worker_goes_back_to_decoding(
     spec = J.make_spec(digest=J.store_image(r, keys, data), max_tokens=12)
     J.create_job(r, keys, spec)
     r.hset(keys.job(spec.job_id), mapping={"status": "generating", "attempt": 1, "decode_skipped": "1"})
-    pipe = r.pipeline(transaction=True)  # add + deliver to the ghost atomically: no live worker gets it first
-    pipe.xadd(keys.inference_stream(), {"job_id": spec.job_id})
-    pipe.xreadgroup(INFERENCE_GROUP, "ghost-worker", {keys.inference_stream(): ">"}, count=1000)
-    pipe.execute()
+    deliver_to_a_dead_worker(inference_stack, spec.job_id)
     assert finished(inference_stack, spec.job_id, 60) is JobStatus.DONE
     record = J.job(r, keys, spec.job_id)
     fields = {k.decode(): v.decode() for k, v in r.hgetall(keys.job(spec.job_id)).items()}
