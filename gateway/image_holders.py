@@ -1,9 +1,9 @@
-"""Whether every live inference worker keeps decoded images: only then may the gateway hand a turn
+"""Whether every live inference worker keeps decoded images: only then may the gateway hand a job
 over without pixels (``gateway.handoff``). A worker of a release without that cache fails such a
-turn ("decoded images are gone"), and any worker may get one (an entry moved off a busy worker's
+job ("decoded images are gone"), and any worker may get one (an entry moved off a busy worker's
 stream, claimed from a dead one, or re-added by the sweeper), so during a rolling upgrade (or a
-rollback) every follow-up is decoded as before, until the last worker of the other release is gone.
-Read from the heartbeats at most once a ``period_s`` per gateway process.
+rollback) every job with images is decoded as before, until the last worker of the other release
+is gone. Read from the heartbeats at most once a ``period_s`` per gateway process.
 """
 
 from __future__ import annotations
