@@ -279,8 +279,8 @@ class InferenceSettings(CommonSettings):
     image_input_cache_mb: int = Field(
         128,
         ge=0,
-        description="Decoded images (the engine's inputs) kept by digest, so a turn that shows no new "
-        "image needs no decode hop; 0: none (every such turn goes back to decoding)",
+        description="Decoded images (the engine's inputs) kept by digest, so a follow-up or a picture sent "
+        "before needs no decode hop; 0: none (while such a worker runs, every job with images is decoded)",
     )
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")

@@ -352,9 +352,10 @@ class InferenceWorker:
             "capacity": self.capacity,
             "stopping": self.stopping.is_set(),
             "writer": {"events": self.writer.events, "flushes": self.writer.flushes},
-            "image_inputs": self.image_inputs.stats(),  # its presence: takes turns without pixels
             "engine": self.engine.stats().to_dict(),
         }
+        if self.image_inputs.max_bytes > 0:  # its presence: this worker takes jobs without pixels
+            beat["image_inputs"] = self.image_inputs.stats()
         ttl_ms = int(1000 * self.settings.worker_stale_s)  # the gateway's staleness rule, same setting
         pipe = self.r.pipeline(transaction=False)
         workers.publish(pipe, self.keys, beat, ttl_ms)

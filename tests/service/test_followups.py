@@ -117,13 +117,17 @@ async def test_an_openai_follow_up_streamed_skips_decoding_too(
     assert fields["decode_skipped"] == "1" and "decode_started_at" not in fields
 
 
-async def test_a_worker_without_the_images_sends_the_turn_back_to_decoding(
+async def test_a_restarted_worker_sends_the_turn_back_to_decoding(
     stack_factory: Callable[..., ServiceStack], reference: Reference
 ) -> None:
-    stack = stack_factory(extra_env={"VLMQ_IMAGE_INPUT_CACHE_MB": "0"})  # it holds nothing
+    """The session's worker restarts (same id, so still its owner) and holds no images: the follow-up
+    handed to it goes back to decoding, and the answer is the same."""
+    stack = stack_factory()
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
         data = image_bytes("PNG", (200, 260), seed=72)
         first = await picture_turn(client, data)
+        stack.restart("inference")
+        await asyncio.sleep(2.1)  # the gateway's view of the workers (gateway.image_holders) renewed
         accepted, view = await follow_up(client, first["session_id"])
         assert accepted["status"] == "waiting", accepted
         assert view["status"] == "done", view
@@ -131,6 +135,16 @@ async def test_a_worker_without_the_images_sends_the_turn_back_to_decoding(
         assert view["final_text"] == reference.answer(spec.spec, data)
         assert "decode_skipped" not in fields and "decode_started_at" in fields  # decoded after all
         assert fields["attempt"] == "2" and fields["returned"] == "1"  # the first one found no images
-
     assert stack.redis.llen(stack.keys.decode_queue()) == 0  # its one decode task ran, nothing left
     assert not stack.redis.exists(stack.keys.job_pixels(view["id"]))
+
+
+async def test_a_worker_that_keeps_no_images_gets_every_job_decoded(
+    stack_factory: Callable[..., ServiceStack],
+) -> None:
+    stack = stack_factory(extra_env={"VLMQ_IMAGE_INPUT_CACHE_MB": "0"})
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
+        first = await picture_turn(client, image_bytes("JPEG", (180, 140), seed=76))
+        accepted, view = await follow_up(client, first["session_id"])
+    assert accepted["status"] == "queued" and view["status"] == "done", (accepted, view)
+    assert "decode_started_at" in record(stack, view["id"])[1]
