@@ -28,7 +28,7 @@ from PIL import Image
 from bench.report_files import write_report
 from bench.resources import Meter
 from bench.service_bench import stack_env
-from bench.stack_runs import add_stack_options, on_stack, stack_meter
+from bench.stack_runs import add_stack_options, on_stack, report_fields, stack_meter
 from tests.support.stack import ServiceStack
 
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -169,13 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="vlmq-request-cost-"))
     rows = on_stack(stack_env(args), logs, lambda stack: measure(args, stack))
     result = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "mode": args.mode,
+        **report_fields(args, logs),
         "requests": args.requests,
         "concurrency": args.concurrency,
-        "stack_env": args.env,
         "rows": rows,
-        "logs": str(logs),
     }
     write_report(args.out, "request_cost", args.mode, result, markdown(result))
     return 0

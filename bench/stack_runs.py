@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,3 +42,9 @@ def add_stack_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--env", action="append", default=[], metavar="VLMQ_NAME=VALUE")
+
+
+def report_fields(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    """What every stack bench's result starts with: when, which mode, the settings, the logs."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return {"when": when, "mode": args.mode, "stack_env": args.env, "logs": str(logs)}

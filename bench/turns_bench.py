@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.report_files import write_report
 from bench.service_bench import stack_env
 from bench.service_workload import BenchRequest, make_requests
-from bench.stack_runs import add_stack_options, on_stack, stack_meter
+from bench.stack_runs import add_stack_options, on_stack, report_fields, stack_meter
 from tests.support.stack import ServiceStack
 
 FOLLOW_UPS = ("What else is in the picture?", "How many shapes are there?", "What colour is the largest one?")
@@ -198,15 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         env = {**stack_env(args), **extra}
         runs[variant] = on_stack(env, variant_logs, lambda stack: measure(args, stack))
     result = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "mode": args.mode,
+        **report_fields(args, logs),
         "conversations": args.conversations,
         "turns": args.turns,
         "concurrency": args.concurrency,
-        "stack_env": args.env,
         "runs": runs,
         "follow_ups": {variant: follow_ups(rows) for variant, rows in runs.items()},
-        "logs": str(logs),
     }
     write_report(args.out, "turns_bench", args.mode, result, markdown(result))
     return 0

@@ -36,6 +36,7 @@ from services.inference_worker.task_events import TaskEvents
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, metrics_hash, workers
 from shared.config import InferenceSettings
+from shared.decode_task import DecodeTasks
 from shared.jobs import JobRecord, refusal
 from shared.jobs.routing import DECODE_SKIPPED
 from shared.schemas import ErrorCode, JobStatus
@@ -84,7 +85,8 @@ class InferenceWorker:
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self._slot_freed = threading.Event()  # set when a run ends: the reader may take a new entry
-        self.sweeper = Sweeper(client, settings, self.worker_id, self.store)
+        self.decode_tasks = DecodeTasks(settings)  # the sweeper's re-enqueues, returns to decoding
+        self.sweeper = Sweeper(client, settings, self.worker_id, self.store, self.decode_tasks)
         self.rebalancer = Rebalancer(client, settings, self.worker_id)
         linger = settings.batch_hold_linger_s
         self.batch_hold = BatchHold(client, self.keys, engine, linger) if settings.batch_hold_s > 0 else None
@@ -249,7 +251,7 @@ class InferenceWorker:
         """A turn handed over without pixels whose images are not held here (evicted, restarted,
         claimed from another worker): its decode task again and its entry acknowledged, in one script.
         The decode worker hands it back with pixels."""
-        message = self.sweeper.tasks.message(entry.job_id)
+        message = self.decode_tasks.message(entry.job_id)
         returned = self.store.return_to_decoding(entry.job_id, attempt, message, entry.stream, entry.entry_id)
         if returned == 1:
             self.image_inputs.returned += 1

@@ -34,13 +34,15 @@ ENDED = {"expired": JobStatus.EXPIRED, "dead_lettered": JobStatus.FAILED}  # act
 
 
 class Sweeper:
-    def __init__(self, client: Any, settings: InferenceSettings, worker_id: str, store: JobStore) -> None:
+    def __init__(
+        self, client: Any, settings: InferenceSettings, worker_id: str, store: JobStore, tasks: DecodeTasks
+    ) -> None:
         self.r = client
         self.settings = settings
         self.keys = settings.keys
         self.worker_id = worker_id
         self.store = store
-        self.tasks = DecodeTasks(settings)
+        self.tasks = tasks  # the worker's: it sends jobs back to decoding too
         self.period_s = max(1.0, settings.stuck_after_s / 3)
 
     def sweep(self, now: float | None = None) -> Counter[str]:
@@ -111,6 +113,3 @@ class Sweeper:
             if outcome := ENDED.get(action):
                 metrics_hash.inc(pipe, key, "jobs_total", count, outcome=outcome.value)
         pipe.execute()
-
-    def close(self) -> None:
-        self.tasks.close()
