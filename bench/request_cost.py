@@ -34,7 +34,7 @@ from tests.support.stack import ServiceStack
 NO_CACHE = {"Cache-Control": "no-cache"}
 QUESTION = "What colour is the shape?"
 TOP_COMMANDS = 12
-Send = Callable[[httpx.AsyncClient], Awaitable[None]]
+Send = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
 
 def jpeg(side: int, seed: int) -> bytes:
@@ -46,9 +46,10 @@ def jpeg(side: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
-def png(side: int) -> bytes:
+def png(side: int, seed: int = 0) -> bytes:
     buf = io.BytesIO()
-    Image.new("RGB", (side, side), (200, 30, 30)).save(buf, "PNG")
+    colour = tuple(int(c) for c in np.random.default_rng(seed).integers(0, 255, 3))
+    Image.new("RGB", (side, side), colour).save(buf, "PNG")  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -61,31 +62,40 @@ def chat_body(model: str, image: bytes | None, stream: bool) -> dict[str, Any]:
     return {"model": model, "stream": stream, "max_tokens": 16, "messages": messages}
 
 
-def kinds(model: str) -> list[tuple[str, Send]]:
-    """(name, one request) in order of the pipeline steps they add."""
+def post(bodies: list[dict[str, Any]], headers: dict[str, str], expect: int) -> Send:
+    """Request ``i`` sends ``bodies[i % len(bodies)]`` (built before the timing starts)."""
 
-    def post(body: dict[str, Any], headers: dict[str, str], expect: int) -> Send:
-        async def send(client: httpx.AsyncClient) -> None:
-            if body["stream"]:
-                async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-                    async for _ in r.aiter_raw():
-                        pass
-                    status = r.status_code
-            else:
-                status = (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code
-            if status != expect:
-                raise RuntimeError(f"expected HTTP {expect}, got {status}")
+    async def send(client: httpx.AsyncClient, i: int) -> None:
+        body = bodies[i % len(bodies)]
+        if body["stream"]:
+            async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                async for _ in r.aiter_raw():
+                    pass
+                status = r.status_code
+        else:
+            status = (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code
+        if status != expect:
+            raise RuntimeError(f"expected HTTP {expect}, got {status}")
 
-        return send
+    return send
 
-    big = jpeg(640, 1)
+
+def kinds(model: str, count: int) -> list[tuple[str, Send]]:
+    """(name, one request) in order of the pipeline steps they add. A kind with a picture sends a
+    new one each request (``count`` of them): the same picture again skips the decode hop and the
+    vision tower (the workers hold it), so it would measure those caches, not the pipeline."""
+
+    def new_pictures(make: Callable[[int], bytes], stream: bool, first_seed: int) -> list[dict[str, Any]]:
+        return [chat_body(model, make(first_seed + i), stream) for i in range(count)]
+
+    big = [chat_body(model, jpeg(640, 1), False)]
     return [
-        ("refused after parsing (unknown model, 640 px JPEG)", post(chat_body("nope", big, False), {}, 404)),
-        ("text only", post(chat_body(model, None, False), NO_CACHE, 200)),
-        ("result-cache hit (640 px JPEG)", post(chat_body(model, big, False), {}, 200)),
-        ("64 px PNG", post(chat_body(model, png(64), False), NO_CACHE, 200)),
-        ("320 px JPEG, streamed", post(chat_body(model, jpeg(320, 2), True), NO_CACHE, 200)),
-        ("1024 px JPEG, streamed", post(chat_body(model, jpeg(1024, 3), True), NO_CACHE, 200)),
+        ("refused after parsing (unknown model, 640 px JPEG)", post([{**big[0], "model": "nope"}], {}, 404)),
+        ("text only", post([chat_body(model, None, False)], NO_CACHE, 200)),
+        ("result-cache hit (640 px JPEG)", post(big, {}, 200)),
+        ("64 px PNG", post(new_pictures(lambda s: png(64, s), False, 10_000), NO_CACHE, 200)),
+        ("320 px JPEG, streamed", post(new_pictures(lambda s: jpeg(320, s), True, 20_000), NO_CACHE, 200)),
+        ("1024 px JPEG, streamed", post(new_pictures(lambda s: jpeg(1024, s), True, 30_000), NO_CACHE, 200)),
     ]
 
 
@@ -99,16 +109,16 @@ async def measure_kind(
     name: str, send: Send, stack: ServiceStack, meter: Meter, requests: int, concurrency: int
 ) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
-        await asyncio.gather(*(send(client) for _ in range(2)))  # warm (and fills the result cache)
+        await asyncio.gather(*(send(client, requests + i) for i in range(2)))  # warm (fills the result cache)
         before, commands = await asyncio.to_thread(meter.read), command_counts(stack.redis)
         started = time.perf_counter()
         slots = asyncio.Semaphore(concurrency)
 
-        async def one() -> None:
+        async def one(i: int) -> None:
             async with slots:
-                await send(client)
+                await send(client, i)
 
-        await asyncio.gather(*(one() for _ in range(requests)))
+        await asyncio.gather(*(one(i) for i in range(requests)))
         wall = time.perf_counter() - started
         after, commands_after = await asyncio.to_thread(meter.read), command_counts(stack.redis)
     cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / requests, 3) for k in after.cpu_s}
@@ -121,6 +131,7 @@ async def measure_kind(
         "wall_ms_per_request": round(1000 * wall / requests, 2),
         "cpu_ms": cpu,
         "redis_commands": round(sum(per_request.values()), 1),
+        "decodes": round(per_request.get("getex", 0.0), 2),  # a decode task fetches its picture by GETEX
         "top_commands": {k: round(v, 2) for v, k in top[:TOP_COMMANDS]},
     }
 
@@ -130,15 +141,20 @@ def markdown(result: dict[str, Any]) -> str:
         f"# What one request costs ({result['when']}, {result['requests']} requests a kind at "
         f"{result['concurrency']} concurrent)",
         "",
-        "| request | gateway | decode | inference | redis | loadgen | Redis commands | most called |",
-        "|---|---|---|---|---|---|---|---|",
+        "| request | gateway | decode | inference | redis | loadgen | decodes | Redis commands | most called |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         cpu = row["cpu_ms"]
         top = ", ".join(f"{k} {v:g}" for k, v in list(row["top_commands"].items())[:5])
         cells = [f"{cpu.get(k, 0.0):.2f}" for k in ("gateway", "decode", "inference", "redis", "loadgen")]
+        cells.append(f"{row['decodes']:g}")
         lines.append(f"| {row['kind']} | {' | '.join(cells)} | {row['redis_commands']:g} | {top} |")
-    lines += ["", "CPU-milliseconds a request by process kind; Redis commands a request (INFO commandstats)."]
+    lines += [
+        "",
+        "CPU-milliseconds a request by process kind; decode tasks run a request (`GETEX` of a picture's"
+        " bytes); Redis commands a request (INFO commandstats).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +175,7 @@ async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[st
     meter = stack_meter(stack)
     model = stack.settings.model_name
     rows = []
-    for name, send in kinds(model):
+    for name, send in kinds(model, args.requests + 2):
         rows.append(await measure_kind(name, send, stack, meter, args.requests, args.concurrency))
     return rows
 

@@ -105,6 +105,8 @@ def test_request_cost_bench_smoke(tmp_path: Path) -> None:
     assert sum(row["cpu_ms"]["gateway"] for row in result["rows"]) > 0
     for row in result["rows"][1:]:  # every accepted request wrote its job: Redis commands counted
         assert row["redis_commands"] > 0 and row["top_commands"]
+    for row in result["rows"][3:]:  # a new picture every request: each one decoded, none held
+        assert row["decodes"] == 1, row
     assert (tmp_path / "request_cost_smoke.md").exists()
 
 
