@@ -141,7 +141,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"# What one request costs ({result['when']}, {result['requests']} requests a kind at "
         f"{result['concurrency']} concurrent)",
         "",
-        "| request | gateway | decode | inference | redis | loadgen | decodes | Redis commands | most called |",
+        "| request | gateway | decode | inference | redis | loadgen | decodes | Redis commands"
+        " | most called |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
