@@ -91,7 +91,7 @@ async def accept_job(state: GatewayState, job: PreparedJob, use_result_cache: bo
     """Result-cache lookup and admission in one round trip. A hit: one MULTI (which also gives
     back the place admission reserved), no work. Else 429 when full, or the writes and the task."""
     spec = job.spec
-    route = await plan_route(state, spec)
+    route = plan_route(state, spec)
     cached, admitted, owner = await _lookup_and_admit(state, spec, use_result_cache, route)
     if cached is not None:  # served whether or not the queues had room
         queued_id = await _write(state, job, cached, conversation=True)

@@ -9,12 +9,13 @@
   leaves it ``queued``: the sweeper then gives it a decode task, which finds no image and hands it
   over the same way.
 - **A job whose images a live worker already decoded** (``may_skip_decoding``: a follow-up about
-  pictures shown before, or a picture sent before): the worker that decoded them keeps them
-  (``services.inference_worker.image_inputs``). While every live worker is of a release that keeps
-  them (``gateway.image_holders``), ``ROUTE_HOLDER_LUA`` names that worker: a follow-up's session
-  owner, else the one worker that owns every image of the job; the job is then handed to its
-  stream the same way, marked ``decode_skipped``, with no pixels. Should the worker that takes it
-  not hold them (evicted, restarted, the entry moved or claimed), it sends the job back to decoding
+  pictures shown before, or a picture sent before by the same tenant): the worker that decoded them
+  keeps them (``services.inference_worker.image_inputs``) and says so in owner records
+  (``input_owners``). ``ROUTE_HOLDER_LUA`` names the one live worker holding every image, while
+  every live worker is of a release that keeps them (and, for a follow-up, unless its session KV
+  is on another live worker); the job is then handed to its stream the same way, marked
+  ``decode_skipped``, with no pixels. Should the worker that takes it not hold them after all
+  (evicted since, restarted, the entry moved or claimed), it sends the job back to decoding
   (``RETURN_TO_DECODING_LUA``). No such worker: a decode task, as for any job with images.
 """
 
@@ -56,17 +57,14 @@ class Route(Enum):
     HOLDER = "holder"  # a job that may skip decoding: ``ROUTE_HOLDER_LUA``
 
 
-async def plan_route(state: GatewayState, spec: JobSpec) -> Route:
-    """Which read decides the job's next stage (its heartbeat read, at most every 2 s, aside)."""
+def plan_route(state: GatewayState, spec: JobSpec) -> Route:
+    """Which read decides the job's next stage."""
     settings = state.settings
     if not needs_decoding(spec):
         routed = spec.priority != "batch" and settings.affinity_routing
         return Route.OWNER if routed else Route.SHARED
     if not (settings.reuse_decoded_images and settings.affinity_routing and may_skip_decoding(spec)):
         return Route.DECODE
-    keys, stale_s = state.keys, settings.worker_stale_s
-    if not await state.image_holders.every_worker_keeps_images(state.redis, keys, stale_s):
-        return Route.DECODE  # a rolling upgrade: a worker of the other release may get the turn
     return Route.HOLDER
 
 
@@ -77,7 +75,7 @@ def queue_route_read(pipe: Any, state: GatewayState, spec: JobSpec, route: Route
     if route is Route.OWNER:
         pipe.eval(ROUTE_LUA, 3, *route_keys(keys, spec), alive_since)
     elif route is Route.HOLDER:
-        held = holder_keys(keys, spec)
+        held = holder_keys(keys, spec, state.settings.result_cache_shared)
         follow_up = "1" if is_follow_up(spec) else "0"
         pipe.eval(ROUTE_HOLDER_LUA, len(held), *held, alive_since, keys.worker_heartbeat(""), follow_up)
     return route in (Route.OWNER, Route.HOLDER)
@@ -93,7 +91,7 @@ def next_stage(state: GatewayState, spec: JobSpec, route: Route, owner: Any = No
 
 async def read_next_stage(state: GatewayState, spec: JobSpec) -> NextStage:
     """``next_stage`` with a round trip of its own (where no admission read runs beside it)."""
-    route = await plan_route(state, spec)
+    route = plan_route(state, spec)
     async with state.redis.pipeline(transaction=False) as pipe:
         reads = queue_route_read(pipe, state, spec, route)
         replies = await pipe.execute() if reads else [None]

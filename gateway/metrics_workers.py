@@ -66,6 +66,7 @@ def worker_families(beats: list[dict[str, Any]]) -> Iterator[Metric]:
     yield from _worker_state(beats)
     yield from _engine(beats)
     yield from _caches(beats)
+    yield _returned_to_decoding(beats)
     yield _finished(beats)
     for stat, (name, doc) in BATCH_HISTOGRAMS.items():
         yield size_histogram(beats, stat, name, doc)
@@ -122,6 +123,19 @@ def _caches(beats: list[dict[str, Any]]) -> Iterator[Metric]:
             for stat, family in families.items():
                 family.add_metric([_worker(beat), str(cache)], values[stat])
     yield from families.values()
+
+
+def _returned_to_decoding(beats: list[dict[str, Any]]) -> Metric:
+    returned = CounterMetricFamily(
+        "vlmq_image_inputs_returned",
+        "Jobs handed over without pixels whose pictures the worker did not hold (sent back to decoding)",
+        labels=["worker"],
+    )
+    for beat in beats:
+        figures = beat.get("image_inputs")
+        if isinstance(figures, dict):
+            returned.add_metric([_worker(beat)], _number(figures.get("returned")))
+    return returned
 
 
 def _finished(beats: list[dict[str, Any]]) -> Metric:

@@ -8,7 +8,6 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
 from gateway.admission import Throughput
-from gateway.image_holders import ImageHolders
 from gateway.keyring import Keyring
 from gateway.metrics import GatewayMetrics
 from gateway.stream_slots import StreamSlots
@@ -36,7 +35,6 @@ class GatewayState:
     stream_slots: StreamSlots
     keyring: Keyring
     throughput: Throughput = field(default_factory=Throughput)
-    image_holders: ImageHolders = field(default_factory=ImageHolders)  # may follow-ups skip decoding
 
     @property
     def keys(self) -> Keys:

@@ -98,7 +98,9 @@ class CommonSettings(BaseSettings):
         description="A job queued/decoding/waiting this long without progress is re-enqueued by the sweeper",
     )
     result_cache_shared: bool = Field(
-        False, description="Let tenants share result-cache hits (off: a tenant only hits its own answers)"
+        False,
+        description="Let tenants share result-cache hits and decoded pictures (off: a tenant only hits its "
+        "own answers, and only a picture it sent before skips decoding)",
     )
     affinity_routing: bool = Field(
         True,

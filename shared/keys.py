@@ -69,6 +69,11 @@ class Keys:
         """String: the inference worker whose image cache holds this image's features (TTL)."""
         return f"{self.prefix}:owner:image:{digest}"
 
+    def image_input_owner(self, scope: str, digest: str) -> str:
+        """String: the inference worker that holds this image decoded (its ``ImageInputCache``), for
+        the jobs of ``scope`` (a tenant, or "" for all: ``shared.jobs.routing.holder_scope``; TTL)."""
+        return f"{self.prefix}:owner:input:{scope}:{digest}"
+
     def active_jobs(self) -> str:
         """Sorted set: every accepted job not yet terminal (member: its ``job`` key), scored by the
         time of its last progress. Its size is the admission depth; the sweeper reads its old end."""

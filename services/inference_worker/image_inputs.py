@@ -4,13 +4,15 @@ decode hop (``gateway.handoff``: such a turn comes marked ``decode_skipped``, wi
 An entry is the engine's input exactly as ``pixels_inputs`` made it from a decode worker's pixels
 (the processor's output, bit for bit), so a turn served from here gets the answer it would get
 from fresh pixels. The bound is in bytes (the tensors' sizes); least recently used goes first.
-Only the main thread uses it. Never filled from image bytes: a worker opens no bytes itself (a
-client can send a history of invented pictures; only a decode worker, isolated, may decode them).
+The main thread fills and reads it; the writer thread only asks ``holds`` and takes ``evicted``
+(``input_owners``: the owner records the gateway routes by). Never filled from image bytes: a
+worker opens no bytes itself (a client can send a history of invented pictures; only a decode
+worker, isolated, may decode them).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from services.engine.api import ImageInput
 
@@ -34,6 +36,7 @@ class ImageInputCache:
         self.misses = 0
         self.evictions = 0
         self.returned = 0  # jobs without pixels it could not serve (sent back to decoding)
+        self.evicted: deque[str] = deque()  # digests dropped, for the writer thread (thread-safe ends)
 
     def get_all(self, digests: list[str]) -> dict[str, ImageInput] | None:
         """Every one of ``digests``, or None when one is missing (a miss: nothing moves)."""
@@ -45,6 +48,10 @@ class ImageInputCache:
             self._entries.move_to_end(digest)
         return {d: self._entries[d] for d in digests}
 
+    def holds(self, digest: str) -> bool:
+        """Any thread: one dict lookup, atomic under the GIL."""
+        return digest in self._entries
+
     def put_all(self, images: dict[str, ImageInput]) -> None:
         for digest, image in images.items():
             self._put(digest, image)
@@ -55,7 +62,9 @@ class ImageInputCache:
             return
         self._drop(digest)
         while self.bytes + size > self.max_bytes:
-            self._drop(next(iter(self._entries)))
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
+            self.evicted.append(oldest)
             self.evictions += 1
         self._entries[digest] = image
         self._sizes[digest] = size

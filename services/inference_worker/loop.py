@@ -27,6 +27,7 @@ from services.inference_worker.batch_hold import BatchHold
 from services.inference_worker.engine_request import build_request
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded
+from services.inference_worker.input_owners import InputOwners
 from services.inference_worker.job_images import job_images
 from services.inference_worker.job_run import JobRun
 from services.inference_worker.job_store import Begun, JobStore, begun
@@ -39,7 +40,7 @@ from shared.config import InferenceSettings
 from shared.decode_task import DecodeTasks
 from shared.jobs import JobRecord, refusal
 from shared.jobs.routing import DECODE_SKIPPED
-from shared.schemas import ErrorCode, JobStatus
+from shared.schemas import ErrorCode, JobSpec, JobStatus
 from shared.tensors import TensorCodecError
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class InferenceWorker:
         self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
         self.image_inputs = ImageInputCache(settings.image_input_cache_mb * 2**20)  # turns without pixels
         self.worker_id = settings.worker_id or default_worker_id()
+        self.input_owners = InputOwners(
+            self.keys, self.worker_id, self.image_inputs, settings.result_cache_shared, settings.image_ttl_s
+        )
         self.task_events = TaskEvents(settings, self.worker_id)  # Flower sees the inference stage
         max_batch = settings.max_batch or int(engine.stats().to_dict().get("max_batch") or 8)
         self.capacity = 2 * max_batch  # a waiting queue lets the engine fill its batch
@@ -74,7 +78,7 @@ class InferenceWorker:
             settings.session_ttl_s,
             settings.result_cache_ttl_s,
             settings.result_cache_shared,
-            lambda pipe, spec: record_owner(pipe, self.keys, spec, self.worker_id, settings),
+            self._record_owners,
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
             on_end=self._ended,
@@ -363,6 +367,12 @@ class InferenceWorker:
         workers.publish(pipe, self.keys, beat, ttl_ms)
         pipe.execute()
         self.task_events.heartbeat(beat["inflight"])
+
+    def _record_owners(self, pipe: Any, spec: JobSpec) -> None:
+        """Writer thread, in a done job's FINISH MULTI: who holds its session KV, image features and
+        decoded pictures now (the gateway's and the decode workers' routing reads them)."""
+        record_owner(pipe, self.keys, spec, self.worker_id, self.settings)
+        self.input_owners.record(pipe, spec)
 
     def _ended(self, item: Finished) -> None:
         """Writer thread: an attempt ended; tell Flower and the tracer (both off by default)."""

@@ -8,13 +8,15 @@ wake-up on ``Keys.job_wake`` (pub/sub only wakes; the stream holds the data).
 
 States (docs/service-contract.md has the diagram): queued -> decoding -> waiting -> generating
 -> done | failed | cancelled | expired; a turn handed to inference without decoding may go back
-from waiting to queued (``RETURN_TO_DECODING_LUA``).
+to queued from waiting, or from generating when its worker died mid-answer
+(``RETURN_TO_DECODING_LUA``).
 """
 
 from shared.jobs.lua import (
     ADMIT_LUA,
     APPEND_TOKENS_LUA,
     BEGIN_ATTEMPT_LUA,
+    DEL_IF_OWNER_LUA,
     FINISH_LUA,
     HANDOFF_LUA,
     MOVE_UNREAD_LUA,
@@ -41,6 +43,7 @@ __all__ = [
     "ADMIT_LUA",
     "APPEND_TOKENS_LUA",
     "BEGIN_ATTEMPT_LUA",
+    "DEL_IF_OWNER_LUA",
     "EVENTS_MAXLEN",
     "FINISH_LUA",
     "HANDOFF_LUA",

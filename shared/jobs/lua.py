@@ -251,22 +251,25 @@ return {attempt, redis.call('EXISTS', KEYS[2]), raw, pixels}
 """
 )
 
-# KEYS: the session-owner key, the workers' registry, then each image's owner key. ARGV: the oldest
-# heartbeat that still counts as alive, the heartbeat keys' prefix (``Keys.worker_heartbeat('')``),
-# '1' for a follow-up (its last turn shows no image). For a job the gateway may hand over without
-# pixels (``shared.jobs.routing.may_skip_decoding``): a follow-up's live session owner, else the
-# one live worker that owns every image of the job (their owner keys all name it), provided its
-# heartbeat says it keeps decoded images (field ``image_inputs``); false: none, a decode task.
+# KEYS: the workers' registry, the session-owner key, then the key naming who holds each of the
+# job's images decoded (``Keys.image_input_owner``). ARGV: the oldest heartbeat that still counts as
+# alive, the heartbeat keys' prefix (``Keys.worker_heartbeat('')``), '1' for a follow-up (its last
+# turn shows no image). For a job the gateway may hand over without pixels
+# (``shared.jobs.routing.may_skip_decoding``): the one live worker that holds every image, provided
+# every live worker keeps decoded images (heartbeat field ``image_inputs``: a worker of a release
+# without them fails such a job, and any worker may get it: an entry moved off a busy worker's
+# stream, claimed from a dead one, re-added by the sweeper), and, for a follow-up, that its session
+# KV is not on another live worker (decoded, it is then routed there). False: a decode task.
 ROUTE_HOLDER_LUA = """
-local function keeps_images(w)
-  local beat = redis.call('ZSCORE', KEYS[2], w)
-  if not beat or tonumber(beat) < tonumber(ARGV[1]) then return false end
-  local stats = redis.call('GET', ARGV[2] .. w)
-  return stats and string.find(stats, '"image_inputs"', 1, true) ~= nil
+local function alive(w)
+  local beat = redis.call('ZSCORE', KEYS[1], w)
+  return beat and tonumber(beat) >= tonumber(ARGV[1])
 end
-if ARGV[3] == '1' then
-  local owner = redis.call('GET', KEYS[1])
-  if owner and keeps_images(owner) then return owner end
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')
+if #live == 0 then return false end
+for _, w in ipairs(live) do
+  local stats = redis.call('GET', ARGV[2] .. w)
+  if not stats or not string.find(stats, '"image_inputs"', 1, true) then return false end
 end
 local holder = false
 for i = 3, #KEYS do
@@ -274,8 +277,19 @@ for i = 3, #KEYS do
   if not owner or (holder and owner ~= holder) then return false end
   holder = owner
 end
-if holder and keeps_images(holder) then return holder end
-return false
+if not holder or not alive(holder) then return false end
+if ARGV[3] == '1' then
+  local session = redis.call('GET', KEYS[2])
+  if session and session ~= holder and alive(session) then return false end
+end
+return holder
+"""
+
+# KEYS: an owner record. ARGV: a worker id. Deletes the record only if it names that worker (another
+# may have written it since). Returns 1 when deleted.
+DEL_IF_OWNER_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # KEYS: job hash, active-jobs set, decode queue list, the stream of the job's entry. ARGV: now, the

@@ -54,7 +54,16 @@ def is_follow_up(spec: JobSpec) -> bool:
     return last is not None and not (last.image or last.images)
 
 
-def holder_keys(keys: Keys, spec: JobSpec) -> list[str]:
-    """KEYS of ``ROUTE_HOLDER_LUA``: the session owner, the workers' registry, each image's owner."""
-    owners = [keys.image_owner(digest) for digest in spec.image_digests()]
-    return [keys.session_owner(spec.affinity_key or ""), keys.workers(), *owners]
+def holder_scope(spec: JobSpec, shared: bool) -> str:
+    """Whose decoded images a job may be handed over for: its tenant's own (a tenant must not learn
+    from a 202 ``waiting`` that another sent the same picture), or everyone's where tenants share
+    cached results (``VLMQ_RESULT_CACHE_SHARED``) or there are none ("")."""
+    return "" if shared or spec.tenant is None else spec.tenant
+
+
+def holder_keys(keys: Keys, spec: JobSpec, shared: bool) -> list[str]:
+    """KEYS of ``ROUTE_HOLDER_LUA``: the workers' registry, the session owner, the owner of each
+    image decoded (``Keys.image_input_owner`` in the job's ``holder_scope``)."""
+    scope = holder_scope(spec, shared)
+    holders = [keys.image_input_owner(scope, digest) for digest in spec.image_digests()]
+    return [keys.workers(), keys.session_owner(spec.affinity_key or ""), *holders]

@@ -1,11 +1,11 @@
-"""A follow-up that shows no new image: the gateway hands it straight to its session's live owner,
-without a decode task, while every live worker keeps decoded images; while a worker of a release
-that does not is alive (a rolling upgrade), it is decoded as before. Workers play their part here
-from the test (heartbeats and owner records written directly)."""
+"""A job whose pictures a live worker holds decoded (a follow-up, or a picture sent before): the
+gateway hands it straight to that worker, without a decode task, while every live worker keeps
+decoded images; otherwise (nobody holds them, or a worker of a release that does not keep them is
+alive: a rolling upgrade) it is decoded as before. Workers play their part here from the test
+(heartbeats and owner records written directly)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -17,8 +17,6 @@ from shared.keys import Keys
 from tests.gateway.workerside import decode_tasks, record_turn, stream_jobs
 from tests.support.jobs import image_bytes
 from tests.support.stack import ServiceStack
-
-HOLDERS_REFRESH_S = 2.1  # gateway.image_holders reads the heartbeats at most every 2 s
 
 
 def beat(r: redis.Redis, keys: Keys, worker_id: str, keeps_images: bool) -> None:
@@ -42,29 +40,39 @@ async def follow_up(client: httpx.AsyncClient, session_id: str) -> dict[str, str
     return body
 
 
-async def test_a_follow_up_skips_decoding_only_while_every_worker_keeps_images(
+async def test_a_job_skips_decoding_only_while_a_live_worker_holds_its_pictures(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:
     keys = gateway.keys
-    files = {"image": ("i.png", image_bytes("PNG", (64, 64), seed=81), "image/png")}
+    picture = image_bytes("PNG", (64, 64), seed=81)
+    files = {"image": ("i.png", picture, "image/png")}
     first = (await client.post("/v1/jobs", data={"prompt": "What is it?"}, files=files)).json()
-    sid = first["session_id"]
-    assert record_turn(r, keys, JobRecord.from_hash(r.hgetall(keys.job(first["id"]))).spec, "A square.")
+    sid, spec = first["session_id"], JobRecord.from_hash(r.hgetall(keys.job(first["id"]))).spec
+    assert spec.image_digest is not None
+    assert record_turn(r, keys, spec, "A square.")
+    held = keys.image_input_owner("", spec.image_digest)  # an open gateway: no tenant
     r.set(keys.session_owner(sid), "w-new")
+    r.set(held, "w-new")
     beat(r, keys, "w-new", keeps_images=True)
     try:
-        await asyncio.sleep(HOLDERS_REFRESH_S)
         direct = await follow_up(client, sid)
         assert direct["status"] == "waiting", direct
         assert direct["id"] in stream_jobs(r, keys.worker_stream("w-new"))
         assert direct["id"] not in decode_tasks(r, gateway.key_prefix)
         assert r.hget(keys.job(direct["id"]), "decode_skipped") == b"1"
+        again = (await client.post("/v1/jobs", data={"prompt": "Its colour?"}, files=files)).json()
+        assert again["status"] == "waiting" and again["session_id"] != sid, again  # sent before
 
+        r.delete(held)  # the worker dropped the picture (evicted): decoded again
+        assert_decoded(r, gateway, await follow_up(client, sid))
+        r.set(held, "w-new")
         beat(r, keys, "w-old", keeps_images=False)  # a worker of the previous release joins
-        await asyncio.sleep(HOLDERS_REFRESH_S)
-        decoded = await follow_up(client, sid)
-        assert decoded["status"] == "queued", decoded
-        assert decoded["id"] in decode_tasks(r, gateway.key_prefix)
-        assert not r.hexists(keys.job(decoded["id"]), "decode_skipped")
+        assert_decoded(r, gateway, await follow_up(client, sid))
     finally:
         withdraw(r, keys, "w-new", "w-old")  # their heartbeat keys would outlive this test
+
+
+def assert_decoded(r: redis.Redis, gateway: ServiceStack, accepted: dict[str, str]) -> None:
+    assert accepted["status"] == "queued", accepted
+    assert accepted["id"] in decode_tasks(r, gateway.key_prefix)
+    assert not r.hexists(gateway.keys.job(accepted["id"]), "decode_skipped")

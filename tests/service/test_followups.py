@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from shared.jobs import JobRecord
 from tests.service.conftest import Reference, wait_done
 from tests.support.jobs import image_bytes
-from tests.support.stack import ServiceStack
+from tests.support.stack import ServiceStack, running
 
 NO_CACHE = {"Cache-Control": "no-cache"}
 
@@ -66,11 +68,13 @@ async def test_a_follow_up_is_answered_from_the_images_its_worker_holds(
 
 
 async def image_input_hits(client: httpx.AsyncClient) -> float:
+    return await metric(client, "vlmq_cache_hits_total{", 'cache="image_input"')
+
+
+async def metric(client: httpx.AsyncClient, family: str, label: str = "") -> float:
+    """The sum of a family's samples (``family``: its name and ``{``) whose labels contain ``label``."""
     lines = (await client.get("/metrics")).text.splitlines()
-    hits = [
-        line for line in lines if line.startswith("vlmq_cache_hits_total{") and 'cache="image_input"' in line
-    ]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in hits)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(family) and label in line)
 
 
 async def test_a_picture_sent_before_is_not_decoded_again(
@@ -127,7 +131,6 @@ async def test_a_restarted_worker_sends_the_turn_back_to_decoding(
         data = image_bytes("PNG", (200, 260), seed=72)
         first = await picture_turn(client, data)
         stack.restart("inference")
-        await asyncio.sleep(2.1)  # the gateway's view of the workers (gateway.image_holders) renewed
         accepted, view = await follow_up(client, first["session_id"])
         assert accepted["status"] == "waiting", accepted
         assert view["status"] == "done", view
@@ -135,6 +138,11 @@ async def test_a_restarted_worker_sends_the_turn_back_to_decoding(
         assert view["final_text"] == reference.answer(spec.spec, data)
         assert "decode_skipped" not in fields and "decode_started_at" in fields  # decoded after all
         assert fields["attempt"] == "2" and fields["returned"] == "1"  # the first one found no images
+        for _ in range(50):  # the worker's next heartbeat reports the return
+            if await metric(client, "vlmq_image_inputs_returned_total{") > 0:
+                break
+            await asyncio.sleep(0.2)
+        assert await metric(client, "vlmq_image_inputs_returned_total{") == 1
     assert stack.redis.llen(stack.keys.decode_queue()) == 0  # its one decode task ran, nothing left
     assert not stack.redis.exists(stack.keys.job_pixels(view["id"]))
 
@@ -148,3 +156,57 @@ async def test_a_worker_that_keeps_no_images_gets_every_job_decoded(
         accepted, view = await follow_up(client, first["session_id"])
     assert accepted["status"] == "queued" and view["status"] == "done", (accepted, view)
     assert "decode_started_at" in record(stack, view["id"])[1]
+
+
+ONE_PICTURE_MB = "1"  # the bundled model's decoded picture is ~0.66 MB: the cache holds one
+
+
+@pytest.fixture(scope="module")
+def tenants_stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    """Two tenants, and an inference worker whose decoded-image cache holds one picture."""
+    folder = tmp_path_factory.mktemp("tenants")
+    (folder / "keys").write_text("key-acme tenant=acme\nkey-rival tenant=rival\n")
+    env = {"VLMQ_API_KEYS_FILE": str(folder / "keys"), "VLMQ_IMAGE_INPUT_CACHE_MB": ONE_PICTURE_MB}
+    with running(ServiceStack(redis_url, Path(folder), extra_env=env)) as stack:
+        yield stack
+
+
+def tenant_client(stack: ServiceStack, key: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=stack.base_url, timeout=60, headers={"Authorization": f"Bearer {key}"})
+
+
+async def test_a_picture_skips_decoding_only_for_the_tenant_that_sent_it(tenants_stack: ServiceStack) -> None:
+    """Another tenant's 202 must not say ``waiting`` for a picture it never sent: that would tell it
+    someone else did (tenants share no cached results by default)."""
+    data = image_bytes("JPEG", (210, 170), seed=77)
+    async with (
+        tenant_client(tenants_stack, "key-acme") as acme,
+        tenant_client(tenants_stack, "key-rival") as rival,
+    ):
+        await picture_turn(acme, data)
+        again = await picture_turn(acme, data, "How many shapes are there?")
+        other = await picture_turn(rival, data, "How many shapes are there?")
+    assert record(tenants_stack, again["id"])[1].get("decode_skipped") == "1"
+    fields = record(tenants_stack, other["id"])[1]
+    assert "decode_skipped" not in fields and "decode_started_at" in fields
+    assert other["final_text"] == again["final_text"]
+
+
+async def test_a_follow_up_whose_pictures_were_evicted_is_decoded_not_bounced(
+    tenants_stack: ServiceStack, reference: Reference
+) -> None:
+    """A second picture in the conversation evicts the first from a cache that holds one: the
+    follow-up is decoded at once, not handed to the worker only to come back (``returned``)."""
+    first, second = image_bytes("JPEG", (320, 240), seed=78), image_bytes("JPEG", (240, 320), seed=79)
+    async with tenant_client(tenants_stack, "key-acme") as acme:
+        view = await picture_turn(acme, first)
+        sid = view["session_id"]
+        form = {"prompt": "And this one?", "session_id": sid, "max_tokens": "8"}
+        files = {"image": ("j.jpg", second, "image/jpeg")}
+        resp = await acme.post("/v1/jobs", data=form, files=files, headers=NO_CACHE)
+        assert (await wait_done(acme, resp.json()["id"]))["status"] == "done"
+        accepted, done = await follow_up(acme, sid)
+    assert accepted["status"] == "queued" and done["status"] == "done", (accepted, done)
+    spec, fields = record(tenants_stack, done["id"])
+    assert "returned" not in fields and "decode_skipped" not in fields and fields["attempt"] == "1"
+    assert done["final_text"] == reference.answer(spec.spec, [first, second])

@@ -9,6 +9,7 @@ from typing import Any
 from shared.jobs import (
     APPEND_TOKENS_LUA,
     BEGIN_ATTEMPT_LUA,
+    DEL_IF_OWNER_LUA,
     EVENTS_MAXLEN,
     FINISH_LUA,
     HANDOFF_LUA,
@@ -206,32 +207,48 @@ def test_return_to_decoding_from_waiting_or_generating_by_its_attempt(redis_clie
     assert r.llen(keys.decode_queue()) == 2 and pending(r, keys) == 0
 
 
-def test_route_holder_names_a_live_worker_that_decoded_every_image(redis_client: Any, keys: Keys) -> None:
+def test_route_holder_names_the_live_worker_that_holds_every_image(redis_client: Any, keys: Keys) -> None:
     r = redis_client
-    session, images = keys.session_owner("s-1"), [keys.image_owner("d1"), keys.image_owner("d2")]
+    session = keys.session_owner("s-1")
+    held = [keys.image_input_owner("", "d1"), keys.image_input_owner("", "d2")]
 
-    def holder(follow_up: bool, alive_since: float | None = None) -> Any:
+    def holder(follow_up: bool = False, alive_since: float | None = None) -> Any:
         since = time.time() - 5 if alive_since is None else alive_since
         args = [since, keys.worker_heartbeat(""), "1" if follow_up else "0"]
-        return r.eval(ROUTE_HOLDER_LUA, 4, session, keys.workers(), *images, *args)
+        return r.eval(ROUTE_HOLDER_LUA, 4, keys.workers(), session, *held, *args)
 
-    def beat(worker: str, keeps_images: bool) -> None:
-        r.zadd(keys.workers(), {worker: time.time()})
+    def beat(worker: str, keeps_images: bool = True, at: float | None = None) -> None:
+        r.zadd(keys.workers(), {worker: time.time() if at is None else at})
         stats = {"worker_id": worker, **({"image_inputs": {"entries": 0}} if keeps_images else {})}
         r.set(keys.worker_heartbeat(worker), json.dumps(stats))
 
-    beat("old", keeps_images=False)
-    beat("new", keeps_images=True)
-    beat("other", keeps_images=True)
-    r.set(session, "new")
-    assert holder(follow_up=True) == b"new"  # a follow-up: its session's owner decoded them all
-    assert holder(follow_up=False) is None  # a new picture: nobody owns its images
-    r.set(images[0], "other")
-    r.set(images[1], "new")
-    assert holder(follow_up=False) is None  # two owners: no one worker holds them all
-    r.set(images[1], "other")
-    assert holder(follow_up=False) == b"other"
-    assert holder(follow_up=False, alive_since=time.time() + 5) is None  # its heartbeat is stale
-    r.set(session, "old")
-    r.mset({images[0]: "old", images[1]: "old"})
-    assert holder(follow_up=True) is None  # alive, but of a release that keeps no images
+    assert holder() is None  # no worker alive
+    beat("new")
+    beat("other")
+    assert holder() is None  # nobody holds the images
+    r.mset({held[0]: "other", held[1]: "new"})
+    assert holder() is None  # two holders: no one worker holds them all
+    r.set(held[1], "other")
+    assert holder() == b"other"
+    assert holder(alive_since=time.time() + 5) is None  # the holder's heartbeat is stale
+
+    r.set(session, "new")  # a follow-up whose session KV is on another live worker: decoded, sent there
+    assert holder(follow_up=True) is None and holder(follow_up=False) == b"other"
+    r.set(session, "other")
+    assert holder(follow_up=True) == b"other"
+    r.set(session, "gone")  # its session's worker is dead: the holder takes it
+    assert holder(follow_up=True) == b"other"
+
+    beat("old", keeps_images=False)  # a live worker of a release that keeps no decoded images
+    assert holder() is None and holder(follow_up=True) is None
+    beat("old", keeps_images=False, at=time.time() - 60)  # gone (stale): no longer counts
+    assert holder() == b"other"
+
+
+def test_del_if_owner_deletes_only_the_callers_record(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    key = keys.image_input_owner("t-1", "d1")
+    r.set(key, "w-2")
+    assert r.eval(DEL_IF_OWNER_LUA, 1, key, "w-1") == 0 and r.get(key) == b"w-2"
+    assert r.eval(DEL_IF_OWNER_LUA, 1, key, "w-2") == 1 and not r.exists(key)
+    assert r.eval(DEL_IF_OWNER_LUA, 1, key, "w-2") == 0

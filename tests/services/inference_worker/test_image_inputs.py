@@ -44,3 +44,12 @@ def test_a_second_put_replaces_and_an_oversized_image_is_not_kept() -> None:
     nothing = ImageInputCache(max_bytes=0)
     nothing.put_all({"a": image("a")})
     assert nothing.get_all(["a"]) is None and nothing.bytes == 0
+
+
+def test_the_writer_thread_sees_what_is_held_and_what_was_evicted() -> None:
+    cache = ImageInputCache(max_bytes=2 * input_bytes(image("x")))
+    cache.put_all({"a": image("a"), "b": image("b")})
+    assert cache.holds("a") and cache.holds("b") and not cache.evicted
+    cache.put_all({"a": image("a")})  # stored again: replaced, not evicted
+    cache.put_all({"c": image("c")})
+    assert list(cache.evicted) == ["b"] and not cache.holds("b") and cache.holds("c")

@@ -1,0 +1,88 @@
+"""The records that tell the gateway which worker holds a picture decoded follow the worker's cache:
+written for a done job's pictures it holds, deleted for those it does not hold or evicted, never
+when another worker wrote them since; per tenant unless tenants share cached results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from services.engine.api import ImageInput
+from services.inference_worker.image_inputs import ImageInputCache, input_bytes
+from services.inference_worker.input_owners import InputOwners
+from shared.keys import Keys
+from shared.schemas import ChatTurn, JobSpec
+
+
+def image(digest: str) -> ImageInput:
+    return ImageInput(pixel_values=torch.rand(4, 8), image_grid_thw=torch.tensor([[1, 2, 2]]), digest=digest)
+
+
+def spec(*digests: str, tenant: str | None = None, use_cache: bool = True) -> JobSpec:
+    turn = ChatTurn(role="user", text="What is it?", image=True, images=list(digests))
+    return JobSpec(
+        job_id="j",
+        created_at=0.0,
+        messages=[turn],
+        image_digest=digests[0],
+        tenant=tenant,
+        use_cache=use_cache,
+    )
+
+
+def owner(r: Any, keys: Keys, scope: str, digest: str) -> Any:
+    return r.get(keys.image_input_owner(scope, digest))
+
+
+def record(r: Any, owners: InputOwners, job: JobSpec) -> None:
+    pipe = r.pipeline(transaction=True)
+    owners.record(pipe, job)
+    pipe.execute()
+
+
+def test_records_follow_what_the_cache_holds(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    cache = ImageInputCache(max_bytes=2 * input_bytes(image("x")))
+    owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
+    cache.put_all({"a": image("a"), "b": image("b")})
+    record(r, owners, spec("a", "b"))
+    assert (
+        r.get(keys.image_input_owner("", "a")) == b"w-1" and r.get(keys.image_input_owner("", "b")) == b"w-1"
+    )
+    assert 0 < r.ttl(keys.image_input_owner("", "a")) <= 60
+
+    cache.put_all({"c": image("c")})  # evicts a: its record goes with the next done job's
+    r.set(keys.image_input_owner("", "b"), "w-2")  # another worker has since decoded b itself
+    cache.put_all({"b": image("b")})  # (and so does this one again: c and b held, a evicted)
+    record(r, owners, spec("c"))
+    assert not r.exists(keys.image_input_owner("", "a"))
+    assert r.get(keys.image_input_owner("", "c")) == b"w-1"
+    assert r.get(keys.image_input_owner("", "b")) == b"w-2"  # not this worker's record: kept
+
+    r.set(keys.image_input_owner("", "z"), "w-1")  # a stale record of a picture no longer held
+    record(r, owners, spec("c", "z"))  # a conversation showing it: the record goes
+    assert not r.exists(keys.image_input_owner("", "z")) and r.get(keys.image_input_owner("", "c")) == b"w-1"
+
+
+def test_a_tenants_pictures_are_recorded_for_that_tenant_unless_results_are_shared(
+    redis_client: Any, keys: Keys
+) -> None:
+    r = redis_client
+    cache = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    cache.put_all({"a": image("a")})
+    record(r, InputOwners(keys, "w-1", cache, shared=False, ttl_s=60), spec("a", tenant="acme"))
+    assert r.get(keys.image_input_owner("acme", "a")) == b"w-1" and not r.exists(
+        keys.image_input_owner("", "a")
+    )
+    record(r, InputOwners(keys, "w-1", cache, shared=True, ttl_s=60), spec("a", tenant="acme"))
+    assert r.get(keys.image_input_owner("", "a")) == b"w-1"
+
+
+def test_nothing_is_recorded_without_the_cache_or_for_uncached_jobs(redis_client: Any, keys: Keys) -> None:
+    r = redis_client
+    held = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    held.put_all({"a": image("a")})
+    record(r, InputOwners(keys, "w-1", held, shared=False, ttl_s=60), spec("a", use_cache=False))
+    record(r, InputOwners(keys, "w-1", ImageInputCache(max_bytes=0), shared=False, ttl_s=60), spec("a"))
+    assert not r.exists(keys.image_input_owner("", "a"))
