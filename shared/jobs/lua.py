@@ -259,17 +259,12 @@ return {attempt, redis.call('EXISTS', KEYS[2]), raw, pixels}
 # every live worker keeps decoded images (heartbeat field ``image_inputs``: a worker of a release
 # without them fails such a job, and any worker may get it: an entry moved off a busy worker's
 # stream, claimed from a dead one, re-added by the sweeper), and, for a follow-up, that its session
-# KV is not on another live worker (decoded, it is then routed there). False: a decode task.
+# KV is not on another live worker (decoded, it is then routed there). False: a decode task. The
+# heartbeats are read last: a new picture (no record) costs one GET.
 ROUTE_HOLDER_LUA = """
 local function alive(w)
   local beat = redis.call('ZSCORE', KEYS[1], w)
   return beat and tonumber(beat) >= tonumber(ARGV[1])
-end
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')
-if #live == 0 then return false end
-for _, w in ipairs(live) do
-  local stats = redis.call('GET', ARGV[2] .. w)
-  if not stats or not string.find(stats, '"image_inputs"', 1, true) then return false end
 end
 local holder = false
 for i = 3, #KEYS do
@@ -281,6 +276,10 @@ if not holder or not alive(holder) then return false end
 if ARGV[3] == '1' then
   local session = redis.call('GET', KEYS[2])
   if session and session ~= holder and alive(session) then return false end
+end
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
+  local stats = redis.call('GET', ARGV[2] .. w)
+  if not stats or not string.find(stats, '"image_inputs"', 1, true) then return false end
 end
 return holder
 """
