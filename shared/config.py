@@ -149,8 +149,9 @@ class GatewaySettings(CommonSettings):
     port: int = Field(8000, description="Gateway port")
     reuse_decoded_images: bool = Field(
         True,
-        description="Hand a job whose images a live inference worker already decoded (a follow-up, or a "
-        "picture sent before) straight to that worker: no decode task (it sends the job back on a miss)",
+        description="Hand a job whose images a live inference worker holds decoded (a follow-up, or a "
+        "picture the same tenant sent before) straight to that worker: no decode task (it sends the job "
+        "back on a miss)",
     )
     result_cache_ttl_s: int = Field(
         3600, description="Greedy result cache lifetime (and Cache-Control max-age)"

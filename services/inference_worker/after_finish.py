@@ -40,6 +40,7 @@ class WriterConfig:
     shared_results: bool = False  # tenants hit each other's cached answers (VLMQ_RESULT_CACHE_SHARED)
     # queues the owner records of a finished job (``affinity.record_owner``), or nothing
     record_owner: Callable[[Any, JobSpec], None] = lambda _pipe, _spec: None
+    owners_written: Callable[[], None] = lambda: None  # the MULTI with those records went through
     on_end: Callable[[Finished], None] = lambda _item: None  # each attempt's end (Flower's task events)
     min_replicas: int = 0  # WAIT for this many replicas before the XACK (0: no WAIT)
     wait_ms: int = 500
@@ -71,6 +72,8 @@ class FinishEffects:
             self.metrics.flush(self.r)
 
     def after_finish(self, done: list[Finished]) -> None:
+        """Called once the MULTI with the FINISHes (and the owner records) went through."""
+        self.config.owners_written()
         pipe = self.r.pipeline(transaction=False)
         for item in done:
             if item.wrote:  # this attempt wrote the terminal state: its side effects happen once

@@ -60,15 +60,18 @@ class ImageInputCache:
         size = input_bytes(image)
         if size > self.max_bytes:
             return
-        self._drop(digest)
-        while self.bytes + size > self.max_bytes:
-            oldest = next(iter(self._entries))
+        if digest in self._entries:  # stored again: replaced in place (never missing for ``holds``)
+            self.bytes += size - self._sizes[digest]
+            self._entries[digest], self._sizes[digest] = image, size
+            self._entries.move_to_end(digest)
+        else:
+            self._entries[digest], self._sizes[digest] = image, size
+            self.bytes += size
+        while self.bytes > self.max_bytes:
+            oldest = next(iter(self._entries))  # never ``digest`` itself: it is the newest, and fits
             self._drop(oldest)
             self.evicted.append(oldest)
             self.evictions += 1
-        self._entries[digest] = image
-        self._sizes[digest] = size
-        self.bytes += size
 
     def _drop(self, digest: str) -> None:
         if self._entries.pop(digest, None) is not None:

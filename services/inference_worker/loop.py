@@ -79,6 +79,7 @@ class InferenceWorker:
             settings.result_cache_ttl_s,
             settings.result_cache_shared,
             self._record_owners,
+            owners_written=self.input_owners.written,
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
             on_end=self._ended,
@@ -245,21 +246,24 @@ class InferenceWorker:
         try:
             return self._register(entry, record, begun.fields, attempt, begun.pixels)
         except PixelsNeeded:
-            self._return_to_decoding(entry, attempt)
+            self._return_to_decoding(entry, attempt, record.spec)
             return None
         except (RequestRejected, LookupError, TensorCodecError) as exc:
             self._reject(entry, attempt, exc)
             return None
 
-    def _return_to_decoding(self, entry: Entry, attempt: int) -> None:
+    def _return_to_decoding(self, entry: Entry, attempt: int, spec: JobSpec) -> None:
         """A turn handed over without pixels whose images are not held here (evicted, restarted,
         claimed from another worker): its decode task again and its entry acknowledged, in one script.
-        The decode worker hands it back with pixels."""
+        The decode worker hands it back with pixels. The records that sent it here go too."""
         message = self.decode_tasks.message(entry.job_id)
         returned = self.store.return_to_decoding(entry.job_id, attempt, message, entry.stream, entry.entry_id)
         if returned == 1:
             self.image_inputs.returned += 1
             log.info("job %s: its images are not held here; back to decoding", entry.job_id)
+            pipe = self.r.pipeline(transaction=False)
+            self.input_owners.forget_unheld(pipe, spec)
+            pipe.execute()
         elif returned == -1:
             log.warning(
                 "job %s: attempt %d fenced out; its entry is another attempt's", entry.job_id, attempt

@@ -125,7 +125,8 @@ async def test_a_restarted_worker_sends_the_turn_back_to_decoding(
     stack_factory: Callable[..., ServiceStack], reference: Reference
 ) -> None:
     """The session's worker restarts (same id, so still its owner) and holds no images: the follow-up
-    handed to it goes back to decoding, and the answer is the same."""
+    handed to it goes back to decoding, and the answer is the same; the next one goes straight to it
+    (it holds the picture again)."""
     stack = stack_factory()
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
         data = image_bytes("PNG", (200, 260), seed=72)
@@ -143,6 +144,9 @@ async def test_a_restarted_worker_sends_the_turn_back_to_decoding(
                 break
             await asyncio.sleep(0.2)
         assert await metric(client, "vlmq_image_inputs_returned_total{") == 1
+        _, again = await follow_up(client, first["session_id"])  # decoded once more: held again
+        fields = record(stack, again["id"])[1]
+        assert fields["decode_skipped"] == "1" and fields["attempt"] == "1" and "returned" not in fields
     assert stack.redis.llen(stack.keys.decode_queue()) == 0  # its one decode task ran, nothing left
     assert not stack.redis.exists(stack.keys.job_pixels(view["id"]))
 

@@ -50,6 +50,7 @@ def test_the_writer_thread_sees_what_is_held_and_what_was_evicted() -> None:
     cache = ImageInputCache(max_bytes=2 * input_bytes(image("x")))
     cache.put_all({"a": image("a"), "b": image("b")})
     assert cache.holds("a") and cache.holds("b") and not cache.evicted
-    cache.put_all({"a": image("a")})  # stored again: replaced, not evicted
+    cache.put_all({"a": image("a")})  # stored again: replaced in place, the newest, not evicted
     cache.put_all({"c": image("c")})
-    assert list(cache.evicted) == ["b"] and not cache.holds("b") and cache.holds("c")
+    assert list(cache.evicted) == ["b"] and not cache.holds("b") and cache.holds("c") and cache.holds("a")
+    assert cache.bytes == 2 * input_bytes(image("x"))

@@ -86,3 +86,41 @@ def test_nothing_is_recorded_without_the_cache_or_for_uncached_jobs(redis_client
     record(r, InputOwners(keys, "w-1", held, shared=False, ttl_s=60), spec("a", use_cache=False))
     record(r, InputOwners(keys, "w-1", ImageInputCache(max_bytes=0), shared=False, ttl_s=60), spec("a"))
     assert not r.exists(keys.image_input_owner("", "a"))
+
+
+def test_an_evicted_pictures_record_goes_even_when_the_first_multi_is_lost(
+    redis_client: Any, keys: Keys
+) -> None:
+    """The writer builds a MULTI anew when a connection error lost it: the deletion is queued again
+    until a MULTI with it went through (``written``), and not after."""
+    r = redis_client
+    cache = ImageInputCache(max_bytes=input_bytes(image("x")))
+    owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
+    cache.put_all({"a": image("a")})
+    record(r, owners, spec("a"))
+    owners.written()
+    cache.put_all({"b": image("b")})  # evicts a
+    owners.record(r.pipeline(transaction=True), spec("b"))  # built, never executed (connection lost)
+    assert owner(r, keys, "", "a") == b"w-1"
+    record(r, owners, spec("b"))  # the retry
+    owners.written()
+    assert owner(r, keys, "", "a") is None and owner(r, keys, "", "b") == b"w-1"
+    r.set(keys.image_input_owner("", "a"), "w-1")  # (as if written again meanwhile)
+    record(r, owners, spec("b"))
+    assert owner(r, keys, "", "a") == b"w-1"  # its deletion went through once: not sent again
+
+
+def test_a_job_handed_over_for_pictures_not_held_takes_their_records_with_it(
+    redis_client: Any, keys: Keys
+) -> None:
+    r = redis_client
+    cache = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
+    cache.put_all({"a": image("a")})
+    r.mset({keys.image_input_owner("acme", "a"): "w-1", keys.image_input_owner("acme", "b"): "w-1"})
+    r.set(keys.image_input_owner("acme", "c"), "w-2")
+    pipe = r.pipeline(transaction=False)
+    owners.forget_unheld(pipe, spec("a", "b", "c", tenant="acme"))  # a restarted worker holds only a
+    pipe.execute()
+    assert owner(r, keys, "acme", "a") == b"w-1" and owner(r, keys, "acme", "b") is None
+    assert owner(r, keys, "acme", "c") == b"w-2"  # another worker's record stays
