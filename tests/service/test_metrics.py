@@ -50,6 +50,7 @@ COUNTERS = {
     "vlmq_cache_hits",
     "vlmq_cache_lookups",
     "vlmq_cache_evictions",
+    "vlmq_image_inputs_returned",
 }
 GAUGES = {
     "vlmq_gateway_open_streams",
