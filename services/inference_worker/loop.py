@@ -261,13 +261,20 @@ class InferenceWorker:
         if returned == 1:
             self.image_inputs.returned += 1
             log.info("job %s: its images are not held here; back to decoding", entry.job_id)
-            pipe = self.r.pipeline(transaction=False)
-            self.input_owners.forget_unheld(pipe, spec)
-            pipe.execute()
+            self._forget_unheld(spec)
         elif returned == -1:
             log.warning(
                 "job %s: attempt %d fenced out; its entry is another attempt's", entry.job_id, attempt
             )
+
+    def _forget_unheld(self, spec: JobSpec) -> None:
+        """Best effort: a record left behind costs the next such job one more return, no more."""
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            self.input_owners.forget_unheld(pipe, spec)
+            pipe.execute()
+        except redis.RedisError:
+            log.warning("job %s: its pictures' owner records not deleted", spec.job_id, exc_info=True)
 
     def _reject(self, entry: Entry, attempt: int, exc: Exception) -> None:
         self._forget(entry.job_id)
