@@ -102,6 +102,11 @@ class Keys:
         ``decode.batch`` for batch priority): LLEN = its depth."""
         return f"{self.celery_prefix()}{queue}"
 
+    def decode_claim(self, task_id: str) -> str:
+        """String: the queue message a running decode task took beside its own (``worker.claims``),
+        kept until its job is done so that a redelivered task can put it back."""
+        return f"{self.prefix}:decode:claim:{task_id}"
+
     # --- conversations and results ---
     def conversation(self, conversation_id: str, tenant: str | None = None) -> str:
         """Hash: a stored conversation (messages JSON, image digest); the API calls its id session_id.

@@ -18,6 +18,7 @@ import redis
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import metrics_hash
 from shared.config import DecodeWorkerSettings
+from shared.decode_task import QUEUES
 from shared.jobs import (
     FINISH_LUA,
     HANDOFF_LUA,
@@ -48,6 +49,9 @@ class DecodeOutcome:
     status: str  # waiting | failed | cancelled | expired | skipped | missing
     detail: str = ""
     decode_s: float = 0.0
+    # seen at the hand-over: decode tasks wait in the queues, or the running task holds a claim
+    # from an earlier delivery (``worker.claims``); True where the hand-over did not look
+    claims_due: bool = True
 
 
 class DecodePipeline:
@@ -58,9 +62,10 @@ class DecodePipeline:
         self.processor = processor
         self._finish = client.register_script(FINISH_LUA)
 
-    def run(self, job_id: str) -> DecodeOutcome:
+    def run(self, job_id: str, task_id: str = "") -> DecodeOutcome:
         """Three round trips around the decode: read the job, start decoding (+ fetch the image
-        bytes), hand over (+ store the job's pixels)."""
+        bytes), hand over (+ store the job's pixels). ``task_id``: the decode task running it (its own
+        or one that claimed it, ``worker.claims``), kept in the job hash as ``decode_task``."""
         key = self.keys.job(job_id)
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(key)
@@ -99,7 +104,7 @@ class DecodePipeline:
                 return self.fail(job_id, str(exc), exc.code)
             packed = pack_images(self.processor.processor_id, images)
         decode_s = time.time() - started
-        return self._hand_over(job_id, decode_s, packed, self._stream_for(job.spec, owner))
+        return self._hand_over(job_id, decode_s, packed, self._stream_for(job.spec, owner), task_id)
 
     # --- steps ---
     def _route(self, pipe: Any, spec: JobSpec, now: float) -> None:
@@ -132,20 +137,25 @@ class DecodePipeline:
         except Exception as exc:  # e.g. extreme aspect ratios; any failure here is the image's
             raise ImageRejected(f"image could not be processed: {exc}") from exc
 
-    def _hand_over(self, job_id: str, decode_s: float, packed: bytes | None, stream: str) -> DecodeOutcome:
+    def _hand_over(
+        self, job_id: str, decode_s: float, packed: bytes | None, stream: str, task_id: str
+    ) -> DecodeOutcome:
         """One MULTI: the decode timing, then ``HANDOFF_LUA`` (which stores the pixels if it hands
         the job over: none are left behind for a job that changed state meanwhile)."""
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.keys.job(job_id), "decode_s", f"{decode_s:.6f}")
+        pipe.hset(self.keys.job(job_id), mapping={"decode_s": f"{decode_s:.6f}", "decode_task": task_id})
         keys = [*self._job_keys(job_id), stream]
         args: list[Any] = [*status_args(JobStatus.WAITING, time.time(), self._ttl), job_id]
         if packed is not None:  # kept no longer than a job can live; FINISH_LUA deletes them sooner
             keys.append(self.keys.job_pixels(job_id))
             args += [packed, int(self.settings.max_job_s) + 60]
         pipe_script(pipe, HANDOFF_LUA, keys, args)
-        if not pipe.execute()[-1]:
-            return DecodeOutcome("skipped", "job changed state while decoding", decode_s)
-        return DecodeOutcome("waiting", "", decode_s)
+        # a list exists while it holds messages: one EXISTS tells whether a claim can find work
+        pipe.exists(self.keys.decode_claim(task_id), *[self.keys.decode_queue(q) for q in QUEUES])
+        _set, handed_over, due = pipe.execute()
+        if not handed_over:
+            return DecodeOutcome("skipped", "job changed state while decoding", decode_s, bool(due))
+        return DecodeOutcome("waiting", "", decode_s, bool(due))
 
     def _dead_letter(self, job_id: str, interrupted: int) -> DecodeOutcome:
         reason = f"decoding this image was interrupted {interrupted} times"

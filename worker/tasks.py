@@ -18,16 +18,18 @@ from celery.signals import worker_process_init, worker_ready
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, tracing
 from shared.config import get_decode_worker_settings
-from shared.decode_task import DECODE_TASK
+from shared.decode_task import DECODE_QUEUE, DECODE_TASK
 from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
 from worker import decode_spans
 from worker.celery_app import app
+from worker.claims import DecodeClaims
 from worker.imaging import configure_pillow
 from worker.pipeline import DecodeOutcome, DecodePipeline
 
 log = logging.getLogger(__name__)
 REDIS_RETRIES = 5
+CLAIM_BUDGET_S = 5.0  # a task stops claiming after this long (soft time limit: 90 s)
 
 
 @lru_cache(maxsize=1)
@@ -58,19 +60,56 @@ def _warm_up_threads(**_: object) -> None:
         _warm_up()
 
 
+@lru_cache(maxsize=1)
+def claims() -> DecodeClaims:
+    ttl_s = int(app.conf.task_time_limit or 120) + 60  # outlives the task; the sweeper covers the rest
+    return DecodeClaims(pipeline().r, pipeline().keys, DECODE_TASK, ttl_s)
+
+
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
-def decode(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
-    """Decode the job's image into the model's pixel tensor and hand the job to inference."""
+def decode(self, job_id: str) -> str:
+    """Decode the job's image into the model's pixel tensor and hand the job to inference; then
+    the queue's waiting jobs, while any wait (``worker.claims``)."""
+    started = time.time()
+    outcome = _decode_job(self, job_id)
+    if outcome.claims_due:
+        _decode_claimed(self, started)
+    return outcome.status
+
+
+def _decode_job(task: Any, job_id: str) -> DecodeOutcome:
     started = time.time()
     with log_context.job(job_id):
-        outcome = _decode(self, job_id)
+        outcome = _decode(task, job_id)
     decode_spans.record(pipeline().r, pipeline().keys, job_id, started, outcome.status, outcome.detail)
-    return outcome.status
+    return outcome
+
+
+def _decode_claimed(task: Any, task_started: float) -> None:
+    """Up to ``VLMQ_DECODE_CLAIM_MAX`` waiting jobs, one claim at a time, within ``CLAIM_BUDGET_S``
+    of the task's start (far inside its soft time limit). A Redis error ends the claims: a claimed
+    job's message then expires and the sweeper re-enqueues it."""
+    limit = get_decode_worker_settings().decode_claim_max
+    if limit == 0:
+        return
+    task_id, queue = task.request.id, (task.request.delivery_info or {}).get("routing_key") or DECODE_QUEUE
+    try:
+        claim, taken = claims().first(task_id, queue), 0
+        while claim.outcome == "claimed":
+            taken += 1
+            if claim.job_id is not None:
+                _decode_job(task, claim.job_id)
+            if taken == limit or time.time() - task_started > CLAIM_BUDGET_S:
+                claims().release(task_id, queue)
+                return
+            claim = claims().next(task_id, queue)  # ends this claim (its job is done) and takes the next
+    except (redis.RedisError, SoftTimeLimitExceeded) as exc:
+        log.warning("task %s: claims stopped (%s); a claimed job returns through the sweeper", task_id, exc)
 
 
 def _decode(task: Any, job_id: str) -> DecodeOutcome:
     try:
-        outcome = pipeline().run(job_id)
+        outcome = pipeline().run(job_id, task.request.id)
     except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
         outcome = pipeline().fail(job_id, "image decoding took too long", ErrorCode.BAD_IMAGE)
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact

@@ -5,8 +5,8 @@ Hash fields: ``spec`` (JobSpec JSON), ``status``, ``attempt``, ``created_at``, `
 ``result_cached`` ("1" when answered from the result cache), ``error_code`` (machine-readable
 reason of a failed/expired/cancelled job: ``bad_image``, ``expired``, ``cancelled``, ``internal``,
 ...), ``finished_attempt`` (the attempt whose FINISH wrote the terminal state). Workers add
-their own bookkeeping (``decode_attempts``, ``decode_started_at``, ``decode_s``, ``waiting_at``,
-``published``) that ``JobRecord`` does not parse.
+their own bookkeeping (``decode_attempts``, ``decode_started_at``, ``decode_s``, ``decode_task``,
+``waiting_at``, ``published``) that ``JobRecord`` does not parse.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from tests.support import jobs as J
 from tests.support.stack import ServiceStack, wait_for
 from tests.worker.images import bad_images, good_images
 from worker.celery_app import make_app
+from worker.claims import job_of
 from worker.imaging import configure_pillow, decode_image
 
 pytestmark = pytest.mark.slow
@@ -229,3 +230,66 @@ def test_job_whose_decodes_keep_dying_is_dead_lettered(decode_stack: ServiceStac
     decode_stack.enqueue_decode(spec.job_id)
     assert settled(decode_stack, spec.job_id) is JobStatus.FAILED
     assert "dead letter" in (J.job(decode_stack.redis, decode_stack.keys, spec.job_id).error or "")
+
+
+def big_png(seed: int) -> bytes:
+    """A picture that takes the decode child a second or more (an 6000 x 6000 PNG)."""
+    img = Image.linear_gradient("L").rotate(seed).resize((6000, 6000)).convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def decoding(stack: ServiceStack, job_id: str) -> None:
+    wait_for(
+        lambda: J.job_status(stack.redis, stack.keys, job_id) is JobStatus.DECODING,
+        30,
+        interval_s=0.005,
+        what=f"{job_id} decoding",
+    )
+
+
+def decoded_by(stack: ServiceStack, job_id: str) -> str:
+    return (stack.redis.hget(stack.keys.job(job_id), "decode_task") or b"").decode()
+
+
+def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: ServiceStack) -> None:
+    """One pool child, busy: the jobs queued behind it are decoded in its task, not a task each
+    (Celery's main process may hold one of them already: that one runs as its own task)."""
+    pictures = [J.image_bytes("JPEG", (90, 70), seed=40 + i) for i in range(4)]
+    slow = submit(decode_stack, big_png(1))
+    decoding(decode_stack, slow)
+    waiting = [submit(decode_stack, data) for data in pictures]
+    for job_id in [slow, *waiting]:
+        assert settled(decode_stack, job_id) is JobStatus.WAITING
+    task = decoded_by(decode_stack, slow)
+    claimed = [job_id for job_id in waiting if decoded_by(decode_stack, job_id) == task]
+    assert task and len(claimed) >= len(waiting) - 1, [decoded_by(decode_stack, j) for j in waiting]
+    assert not decode_stack.redis.exists(decode_stack.keys.decode_claim(task))
+    assert sorted(_in_stream_ids(decode_stack, [slow, *waiting])) == sorted([slow, *waiting])
+
+
+def test_a_claimed_job_whose_decoder_dies_runs_again_as_its_own_task(decode_stack: ServiceStack) -> None:
+    """The child dies while decoding a job it claimed: the claiming task is redelivered, puts the
+    claim back, and the job is decoded again on its own, handed over once."""
+    pictures = [big_png(3 + i) for i in range(4)]  # made first: the first decode must outlast the submits
+    first = submit(decode_stack, pictures[0])
+    decoding(decode_stack, first)
+    behind = [submit(decode_stack, data) for data in pictures[1:]]  # one is claimed by the first's task
+    task = wait_for(lambda: decoded_by(decode_stack, first) or None, 60, what="the first job handed over")
+    claim_key = decode_stack.keys.decode_claim(task)
+    message = wait_for(lambda: decode_stack.redis.get(claim_key), 30, interval_s=0.005, what="a claim")
+    claimed = job_of(message)
+    assert claimed in behind
+    decoding(decode_stack, claimed)
+    os.kill(decode_stack.children("decode")[0], signal.SIGKILL)
+    for job_id in behind:
+        assert settled(decode_stack, job_id) is JobStatus.WAITING
+    assert int(decode_stack.redis.hget(decode_stack.keys.job(claimed), "decode_attempts")) == 2
+    assert decoded_by(decode_stack, claimed) not in ("", task)  # its own task this time
+    assert sorted(_in_stream_ids(decode_stack, [first, *behind])) == sorted([first, *behind])  # once each
+
+
+def _in_stream_ids(stack: ServiceStack, job_ids: list[str]) -> list[str]:
+    entries = stack.redis.xrange(stack.keys.inference_stream())
+    return [f[b"job_id"].decode() for _i, f in entries if f[b"job_id"].decode() in job_ids]

@@ -1,0 +1,125 @@
+"""``worker.claims`` against a real Redis: real task messages (``DecodeTasks``, and Celery's own
+``send_task`` for a countdown retry), the claim script moving them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from shared.config import CommonSettings
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, DecodeTasks, make_celery_app
+from shared.keys import Keys
+from worker.claims import DecodeClaims, job_of
+
+
+@pytest.fixture
+def tasks(redis_url: str, keys: Keys) -> Iterator[DecodeTasks]:
+    settings = CommonSettings(_env_file=None, redis_url=redis_url, key_prefix=keys.prefix)  # type: ignore[call-arg]
+    made = DecodeTasks(settings)
+    yield made
+    made.close()
+
+
+def enqueue(client: redis.Redis, tasks: DecodeTasks, *job_ids: str, priority: str = "interactive") -> None:
+    pipe = client.pipeline()
+    for job_id in job_ids:
+        tasks.push(pipe, job_id, priority)
+    pipe.execute()
+
+
+def claims_of(client: redis.Redis, keys: Keys) -> DecodeClaims:
+    return DecodeClaims(client, keys, DECODE_TASK, ttl_s=60)
+
+
+def test_claims_take_the_oldest_waiting_job_one_at_a_time(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    enqueue(redis_client, tasks, "job-1", "job-2")
+    claims, task = claims_of(redis_client, keys), "task-a"
+    first = claims.first(task, DECODE_QUEUE)
+    assert (first.outcome, first.job_id) == ("claimed", "job-1")
+    assert job_of(redis_client.get(keys.decode_claim(task)) or b"") == "job-1"  # kept till it is done
+    assert redis_client.llen(keys.decode_queue()) == 1
+    second = claims.next(task, DECODE_QUEUE)
+    assert (second.outcome, second.job_id) == ("claimed", "job-2")
+    assert job_of(redis_client.get(keys.decode_claim(task)) or b"") == "job-2"
+    assert claims.next(task, DECODE_QUEUE).outcome == "none"
+    assert not redis_client.exists(keys.decode_claim(task), keys.decode_queue())
+
+
+def test_a_task_claims_from_its_own_queue_only(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """A worker that serves the batch queue alone (niced) never takes interactive jobs, and the
+    other way round."""
+    enqueue(redis_client, tasks, "batch-1", priority="batch")
+    enqueue(redis_client, tasks, "interactive-1")
+    claims = claims_of(redis_client, keys)
+    assert claims.first("b", BATCH_QUEUE).job_id == "batch-1"
+    assert claims.next("b", BATCH_QUEUE).outcome == "none"
+    assert claims.first("i", DECODE_QUEUE).job_id == "interactive-1"
+    claims.release("i", DECODE_QUEUE)
+    assert not redis_client.exists(keys.decode_claim("i"), keys.decode_claim("b"))
+
+
+def test_a_redelivered_task_puts_its_claim_back_and_takes_nothing(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """The claiming process died: its task runs again under the same id; the claimed job goes back to
+    the queue's consuming end (the next message a worker fetches), to run as its own task."""
+    enqueue(redis_client, tasks, "crashed-with-it", "later")
+    claims = claims_of(redis_client, keys)
+    assert claims.first("t", DECODE_QUEUE).job_id == "crashed-with-it"
+    again = claims.first("t", DECODE_QUEUE)  # the same task, delivered again
+    assert (again.outcome, again.job_id) == ("returned", None)
+    assert not redis_client.exists(keys.decode_claim("t"))
+    oldest_first = [job_of(m) for m in reversed(redis_client.lrange(keys.decode_queue(), 0, -1))]
+    assert oldest_first == ["crashed-with-it", "later"]
+
+
+def test_claiming_a_redelivered_task_puts_its_claim_back(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """Task ``t`` died holding a claim; its message came back and another task claims it first: the
+    job ``t`` held goes back to the queue then, not when ``t`` next runs (it never will)."""
+    enqueue(redis_client, tasks, "held-by-t")
+    claims = claims_of(redis_client, keys)
+    assert claims.first("t", DECODE_QUEUE).job_id == "held-by-t"
+    redis_client.rpush(keys.decode_queue(), tasks.message("t-own-job", task_id="t"))  # redelivered
+    taken = claims.first("u", DECODE_QUEUE)
+    assert (taken.outcome, taken.job_id) == ("claimed", "t-own-job")
+    assert not redis_client.exists(keys.decode_claim("t"))
+    assert [job_of(m) for m in redis_client.lrange(keys.decode_queue(), 0, -1)] == ["held-by-t"]
+
+
+def test_messages_a_claim_cannot_run_stay_where_they_were(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks, redis_url: str
+) -> None:
+    """A countdown retry (``eta``) must wait for its time; another task's message is not ours."""
+    settings = CommonSettings(_env_file=None, redis_url=redis_url, key_prefix=keys.prefix)  # type: ignore[call-arg]
+    app = make_celery_app(settings)
+    try:
+        app.send_task(DECODE_TASK, args=["retry-later"], queue=DECODE_QUEUE, countdown=30)
+        before = redis_client.lrange(keys.decode_queue(), 0, -1)
+        claims = claims_of(redis_client, keys)
+        assert claims.first("t", DECODE_QUEUE).outcome == "none"
+        assert redis_client.lrange(keys.decode_queue(), 0, -1) == before
+        redis_client.delete(keys.decode_queue())
+        app.send_task("vlmq.other", args=["x"], queue=DECODE_QUEUE)
+        before = redis_client.lrange(keys.decode_queue(), 0, -1)
+        assert claims.first("t", DECODE_QUEUE).outcome == "none"
+        assert redis_client.lrange(keys.decode_queue(), 0, -1) == before
+        assert not redis_client.exists(keys.decode_claim("t"))
+    finally:
+        app.close()
+
+
+def test_nothing_waiting_claims_nothing(redis_client: redis.Redis, keys: Keys) -> None:
+    claims = claims_of(redis_client, keys)
+    task = str(uuid.uuid4())
+    assert claims.first(task, DECODE_QUEUE).outcome == "none"
+    claims.release(task, DECODE_QUEUE)
+    assert not redis_client.exists(keys.decode_claim(task))
