@@ -110,6 +110,8 @@ class DecodeClaims:
         if outcome == "returned":
             log.warning("task %s was run again: its claimed job goes back to the queue", task_id)
         job_id = job_of(reply[1]) if outcome == "claimed" else None
+        if outcome == "claimed" and job_id is None:  # Celery could not have run it either
+            log.error("task %s claimed a message with no job id; dropped: %r", task_id, reply[1][:200])
         return Claim(outcome, job_id)
 
 

@@ -75,15 +75,22 @@ async def new_job(client: httpx.AsyncClient) -> str:
 async def test_malformed_job_ids_are_404_without_asking_redis(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis, job_id: str
 ) -> None:
-    before = lookups_of_missing_keys(r)
-    for method, suffix in [("GET", ""), ("DELETE", ""), ("GET", "/events")]:
-        resp = await client.request(method, f"/v1/jobs/{job_id}{suffix}")
-        error = error_of(resp, 404)
-        assert error["type"] == "not_found_error" and error["code"] == "job_not_found", error
-        assert len(error["message"]) < 200  # a long id is not echoed whole
-    messages, code = await read_ws(f"{gateway.ws_url}/v1/jobs/{quote(job_id)}/stream")
-    assert code == 4404 and messages[0]["error"]["code"] == "job_not_found"
-    assert lookups_of_missing_keys(r) == before, "a malformed id reached Redis"
+    # The Redis server is the test session's: another stack's worker may miss a key meanwhile (a lock,
+    # a heartbeat). A malformed id that reached Redis would miss in every round; noise does not.
+    misses = []
+    for _round in range(3):
+        before = lookups_of_missing_keys(r)
+        for method, suffix in [("GET", ""), ("DELETE", ""), ("GET", "/events")]:
+            resp = await client.request(method, f"/v1/jobs/{job_id}{suffix}")
+            error = error_of(resp, 404)
+            assert error["type"] == "not_found_error" and error["code"] == "job_not_found", error
+            assert len(error["message"]) < 200  # a long id is not echoed whole
+        messages, code = await read_ws(f"{gateway.ws_url}/v1/jobs/{quote(job_id)}/stream")
+        assert code == 4404 and messages[0]["error"]["code"] == "job_not_found"
+        misses.append(lookups_of_missing_keys(r) - before)
+        if misses[-1] == 0:
+            break
+    assert 0 in misses, f"a malformed id reached Redis: {misses} missed lookups in each round"
 
 
 @pytest.mark.parametrize("session_id", ["bad id!", "x" * 129, "é", "a b"])
