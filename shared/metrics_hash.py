@@ -41,6 +41,9 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "jobs_total": Family("counter", "Jobs that reached a terminal state, by outcome"),
     "sweeper_actions_total": Family("counter", "Stuck or overdue jobs the sweeper acted on, by action"),
+    "decode_claimed_jobs_total": Family(
+        "counter", "Decode jobs a busy task took from its queue after its own, without a task of their own"
+    ),
     "process_restarts_total": Family("counter", "Processes `make up` restarted, by process"),
     "time_to_first_token_seconds": Family("histogram", "Accepted -> first token"),
     "e2e_request_latency_seconds": Family("histogram", "Accepted -> done"),

@@ -35,12 +35,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.keys import Keys
+from shared.metrics_hash import series
+
+CLAIMED_SERIES = series("decode_claimed_jobs_total")  # vlmq_decode_claimed_jobs_total on /metrics
 
 log = logging.getLogger(__name__)
 
-# KEYS: the task's claim key, the list of the queue it came from.
+# KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash.
 # ARGV: mode ("first" | "next" | "release"), the task name a claim may take, the claim key's TTL,
-# the claim keys' prefix (a claimed message may be a redelivered task's: its claim goes back too).
+# the claim keys' prefix (a claimed message may be a redelivered task's: its claim goes back too),
+# the counter's field.
 CLAIM_LUA = """
 local kept = redis.call('GET', KEYS[1])
 if ARGV[1] == 'first' and kept then
@@ -65,6 +69,7 @@ if type(headers) == 'table' and headers['task'] == ARGV[2]
     end
   end
   redis.call('SET', KEYS[1], message, 'EX', tonumber(ARGV[3]))
+  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
   return {'claimed', message}
 end
 redis.call('RPUSH', KEYS[2], message)
@@ -104,8 +109,9 @@ class DecodeClaims:
         self._call(task_id, queue, "release")
 
     def _call(self, task_id: str, queue: str, mode: str) -> Claim:
-        keys = [self.keys.decode_claim(task_id), self.keys.decode_queue(queue)]
-        reply = self._script(keys=keys, args=[mode, self.task_name, self.ttl_s, self.keys.decode_claim("")])
+        keys = [self.keys.decode_claim(task_id), self.keys.decode_queue(queue), self.keys.metrics_counters()]
+        args = [mode, self.task_name, self.ttl_s, self.keys.decode_claim(""), CLAIMED_SERIES]
+        reply = self._script(keys=keys, args=args)
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if outcome == "returned":
             log.warning("task %s was run again: its claimed job goes back to the queue", task_id)

@@ -32,6 +32,7 @@ COUNTERS = {
     "vlmq_gateway_auth_failures",
     "vlmq_jobs",
     "vlmq_sweeper_actions",
+    "vlmq_decode_claimed_jobs",
     "vlmq_process_restarts",
     "vlmq_engine_steps",
     "vlmq_engine_prefill_steps",

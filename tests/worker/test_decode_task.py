@@ -257,6 +257,8 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     """One pool child, busy: the jobs queued behind it are decoded in its task, not a task each
     (Celery's main process may hold one of them already: that one runs as its own task)."""
     pictures = [J.image_bytes("JPEG", (90, 70), seed=40 + i) for i in range(4)]
+    counters = decode_stack.keys.metrics_counters()
+    claimed_before = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     slow = submit(decode_stack, big_png(1))
     decoding(decode_stack, slow)
     waiting = [submit(decode_stack, data) for data in pictures]
@@ -265,6 +267,8 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     task = decoded_by(decode_stack, slow)
     claimed = [job_id for job_id in waiting if decoded_by(decode_stack, job_id) == task]
     assert task and len(claimed) >= len(waiting) - 1, [decoded_by(decode_stack, j) for j in waiting]
+    claimed_after = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
+    assert claimed_after - claimed_before == len(claimed)  # vlmq_decode_claimed_jobs_total
     assert not decode_stack.redis.exists(decode_stack.keys.decode_claim(task))
     assert sorted(_in_stream_ids(decode_stack, [slow, *waiting])) == sorted([slow, *waiting])
 
