@@ -1,29 +1,35 @@
 """A decode task takes the queue's next waiting jobs itself, one at a time, after its own.
 
-Every job costs Celery ~2 CPU-ms of dispatch (the main process fetches the message and hands it
-to a pool child, the child runs the task's bookkeeping), as much as decoding a small picture.
-When the decode workers fall behind, messages wait in the broker's list: a child that has just
-finished its own job pops the oldest waiting message (one Redis round trip) and decodes that job
-in the same task, instead of going back through Celery for it.
+Every job costs Celery's dispatch (the main process fetches the message and hands it to a pool
+child, the child runs the task's bookkeeping): ~0.7 CPU-ms a job here (bench/README.md), a third
+of decoding a small picture. When the decode workers fall behind, messages wait in the broker's
+list: a child that has just handed its own job over pops the oldest waiting message (one Redis
+round trip) and decodes that job in the same task, instead of going back through Celery for it.
 
 Claims change nothing that a job's own task would have done: the same ``DecodePipeline.run``, the
-same job scripts. A task claims from the queue it came from only: a worker that serves the batch
-queue alone (at a lower CPU priority) never takes interactive jobs. What keeps them safe:
+same job scripts. A task claims from the queue it came from only, and a batch task only while the
+interactive queue is empty: batch work never delays interactive work, and a worker that serves the
+batch queue alone (at a lower CPU priority) never takes interactive jobs. What keeps them safe:
 
 - A claim is atomic (``CLAIM_LUA``): the message leaves the broker's list and is kept under the
-  claiming task's id (``keys.decode_claim``) in one script, so no other task can take it too.
-- A task whose process died mid-claim is redelivered with the same id (reject on worker lost), or
-  retried with it (Redis errors): its first claim then puts the kept message back at the queue's
-  consuming end and claims nothing more in that run. If another task claims the redelivered
-  message instead, that claim puts the kept one back. A task has one claimed job in flight at a
-  time, so a job that crashes its decoder costs no other job an attempt, and is dead-lettered as
-  before.
-- A task that dies with its whole node (no redelivery without ack emulation) leaves the kept
-  message to expire; its job is re-enqueued by the inference workers' sweeper
-  (``VLMQ_STUCK_AFTER_S``), as the task's own job is.
+  claiming task's id (``keys.decode_claim``) in one script, so no other task can take it too; a
+  claim call re-run after a lost reply answers the claim it made.
+- A task has one claimed job in flight at a time, so a job that crashes its decoder costs no other
+  job an attempt, and is dead-lettered as before.
+- A task whose child died mid-claim is requeued under the same id (reject on worker lost; kombu
+  puts it at the back of the queue). When it runs again, its first claim puts the kept message back
+  at the queue's consuming end and takes nothing in that run; if another task claims the requeued
+  message first, that claim puts the kept one back. A claimed job that meets a Redis error goes
+  back the same way (the claiming task's retries are not the job's).
+- A kept message that nothing puts back (a whole node died: no redelivery without ack emulation)
+  expires; its job, still ``queued``/``decoding``, is re-enqueued by the inference workers'
+  sweeper (``VLMQ_STUCK_AFTER_S``), as the task's own job is.
+- Claims stop ``CLAIM_BUDGET_S`` after the task started (``worker.tasks``): a claimed job keeps
+  nearly all of the task's soft time limit.
 - A message the claim cannot run (another task, a countdown retry's ``eta``) goes back where it was.
 
-Flower shows the claiming task only; the job hash's ``decode_task`` names the task that decoded it.
+Flower shows the claiming task only; the job hash's ``decode_task`` names the task that decoded it
+and ``vlmq_decode_claimed_jobs_total`` counts claims.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,19 +48,31 @@ CLAIMED_SERIES = series("decode_claimed_jobs_total")  # vlmq_decode_claimed_jobs
 
 log = logging.getLogger(__name__)
 
-# KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash.
-# ARGV: mode ("first" | "next" | "release"), the task name a claim may take, the claim key's TTL,
-# the claim keys' prefix (a claimed message may be a redelivered task's: its claim goes back too),
-# the counter's field.
+# KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash, then
+# the lists of the queues before it in priority order (a batch claim waits while they hold work).
+# ARGV: mode, the task name a claim may take, the claim key's TTL, the claim keys' prefix (a claimed
+# message may be a requeued task's: its kept claim goes back too), the counter's field, and for
+# "next"/"release" the message of the claim being ended.
+# Modes: "first" (a kept claim goes back and nothing is taken; else take one), "next" (end the
+# claim, take one), "release" (end the claim), "return" (a kept claim goes back; take nothing).
+# "next" is idempotent: re-run after a lost reply, it answers the claim it already made.
 CLAIM_LUA = """
-local kept = redis.call('GET', KEYS[1])
-if ARGV[1] == 'first' and kept then
-  redis.call('RPUSH', KEYS[2], kept)  -- the tail: the next message a worker fetches
+local mode, kept = ARGV[1], redis.call('GET', KEYS[1])
+if kept and (mode == 'first' or mode == 'return') then
+  redis.call('RPUSH', KEYS[2], kept)  -- the consuming end: the next message a worker fetches
   redis.call('DEL', KEYS[1])
   return {'returned', kept}
 end
+if mode == 'return' then return {'none'} end
+if kept and mode ~= 'first' and kept ~= ARGV[6] then
+  if mode == 'next' then return {'claimed', kept} end
+  return {'released'}
+end
 redis.call('DEL', KEYS[1])
-if ARGV[1] == 'release' then return {'released'} end
+if mode == 'release' then return {'released'} end
+for i = 4, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return {'none'} end
+end
 local message = redis.call('RPOP', KEYS[2])
 if not message then return {'none'} end
 local ok, envelope = pcall(cjson.decode, message)
@@ -79,46 +98,63 @@ return {'none'}
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim's answer: ``claimed`` (``job_id`` set), ``returned`` (a redelivered task put its
-    earlier claim back), ``none`` or ``released``."""
+    """One claim's answer: ``claimed`` (``message`` and, where it names one, ``job_id`` set),
+    ``returned`` (a kept claim went back to the queue), ``none`` or ``released``."""
 
     outcome: str
+    message: bytes = b""
     job_id: str | None = None
 
 
 class DecodeClaims:
     """The claims of decode tasks, each by its id and the queue it came from, against the sync Redis
-    client of the process."""
+    client of the process. ``queues``: every queue in priority order (a queue claims only while
+    the queues before it are empty)."""
 
-    def __init__(self, client: Any, keys: Keys, task_name: str, ttl_s: int):
+    def __init__(self, client: Any, keys: Keys, task_name: str, ttl_s: int, queues: Sequence[str]):
         self.keys = keys
         self.task_name = task_name
         self.ttl_s = ttl_s
+        self.queues = list(queues)
         self._script = client.register_script(CLAIM_LUA)
 
     def first(self, task_id: str, queue: str) -> Claim:
-        """The task's first claim: returns a redelivered run's earlier claim to the queue, if any."""
+        """The task's first claim; a kept claim (the task runs again after its process died) goes
+        back to the queue instead, and nothing is taken."""
         return self._call(task_id, queue, "first")
 
-    def next(self, task_id: str, queue: str) -> Claim:
-        """Ends the previous claim (its job is done) and claims the oldest waiting message."""
-        return self._call(task_id, queue, "next")
+    def next(self, task_id: str, queue: str, done: Claim) -> Claim:
+        """Ends the claim ``done`` (its job is done) and claims the oldest waiting message."""
+        return self._call(task_id, queue, "next", done.message)
 
-    def release(self, task_id: str, queue: str) -> None:
-        """Ends the last claim without taking another."""
-        self._call(task_id, queue, "release")
+    def release(self, task_id: str, queue: str, done: Claim) -> None:
+        """Ends the claim ``done`` without taking another."""
+        self._call(task_id, queue, "release", done.message)
 
-    def _call(self, task_id: str, queue: str, mode: str) -> Claim:
-        keys = [self.keys.decode_claim(task_id), self.keys.decode_queue(queue), self.keys.metrics_counters()]
-        args = [mode, self.task_name, self.ttl_s, self.keys.decode_claim(""), CLAIMED_SERIES]
+    def give_back(self, task_id: str, queue: str) -> Claim:
+        """A kept claim goes back to the queue, unfinished; nothing is taken."""
+        return self._call(task_id, queue, "return")
+
+    def _call(self, task_id: str, queue: str, mode: str, ending: bytes = b"") -> Claim:
+        before = self.queues[: self.queues.index(queue)] if queue in self.queues else []
+        keys = [
+            self.keys.decode_claim(task_id),
+            self.keys.decode_queue(queue),
+            self.keys.metrics_counters(),
+            *(self.keys.decode_queue(q) for q in before),
+        ]
+        args = [mode, self.task_name, self.ttl_s, self.keys.decode_claim(""), CLAIMED_SERIES, ending]
         reply = self._script(keys=keys, args=args)
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if outcome == "returned":
-            log.warning("task %s was run again: its claimed job goes back to the queue", task_id)
-        job_id = job_of(reply[1]) if outcome == "claimed" else None
-        if outcome == "claimed" and job_id is None:  # Celery could not have run it either
-            log.error("task %s claimed a message with no job id; dropped: %r", task_id, reply[1][:200])
-        return Claim(outcome, job_id)
+            log.warning("task %s: its claimed job goes back to the queue, unfinished", task_id)
+        if outcome != "claimed":
+            return Claim(outcome)
+        message = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
+        job_id = job_of(message)
+        if job_id is None:  # Celery could not have run it either
+            log.error("task %s claimed a message with no job id; dropped: %r", task_id, message[:200])
+        return Claim(outcome, message, job_id)
 
 
 def job_of(message: bytes | str) -> str | None:

@@ -6,6 +6,7 @@ pool child, after fork, so no torch thread pool crosses a fork).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from functools import lru_cache
@@ -18,7 +19,7 @@ from celery.signals import worker_process_init, worker_ready
 from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, tracing
 from shared.config import get_decode_worker_settings
-from shared.decode_task import DECODE_QUEUE, DECODE_TASK
+from shared.decode_task import DECODE_TASK, QUEUES
 from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
 from worker import decode_spans
@@ -60,10 +61,18 @@ def _warm_up_threads(**_: object) -> None:
         _warm_up()
 
 
+class ClaimInterrupted(Exception):
+    """A claimed job met a Redis error: it goes back to the queue unfinished (the claiming task's
+    retries are not the job's own)."""
+
+
 @lru_cache(maxsize=1)
 def claims() -> DecodeClaims:
+    settings = get_decode_worker_settings()
     ttl_s = int(app.conf.task_time_limit or 120) + 60  # outlives the task; the sweeper covers the rest
-    return DecodeClaims(pipeline().r, pipeline().keys, DECODE_TASK, ttl_s)
+    if settings.decode_ack_emulation:  # a lost node's task then comes back after the visibility timeout
+        ttl_s += settings.visibility_timeout_s
+    return DecodeClaims(pipeline().r, pipeline().keys, DECODE_TASK, ttl_s, QUEUES)
 
 
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
@@ -77,42 +86,53 @@ def decode(self, job_id: str) -> str:
     return outcome.status
 
 
-def _decode_job(task: Any, job_id: str) -> DecodeOutcome:
+def _decode_job(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:
     started = time.time()
     with log_context.job(job_id):
-        outcome = _decode(task, job_id)
+        outcome = _decode(task, job_id, claimed)
     decode_spans.record(pipeline().r, pipeline().keys, job_id, started, outcome.status, outcome.detail)
     return outcome
 
 
 def _decode_claimed(task: Any, task_started: float) -> None:
-    """Up to ``VLMQ_DECODE_CLAIM_MAX`` waiting jobs, one claim at a time, within ``CLAIM_BUDGET_S``
-    of the task's start (far inside its soft time limit). A Redis error ends the claims: a claimed
-    job's message then expires and the sweeper re-enqueues it."""
+    """Up to ``VLMQ_DECODE_CLAIM_MAX`` waiting jobs of the task's own queue, one claim at a time,
+    while the task is younger than ``CLAIM_BUDGET_S``; past it (a long own job), a kept claim only
+    goes back. A Redis error ends the claims (a claim the error left kept expires, and the sweeper
+    re-enqueues its job)."""
     limit = get_decode_worker_settings().decode_claim_max
-    if limit == 0:
+    queue = (task.request.delivery_info or {}).get("routing_key")
+    if limit == 0 or queue not in QUEUES:
         return
-    task_id, queue = task.request.id, (task.request.delivery_info or {}).get("routing_key") or DECODE_QUEUE
+    task_id = task.request.id
     try:
+        if time.time() - task_started > CLAIM_BUDGET_S:
+            claims().give_back(task_id, queue)
+            return
         claim, taken = claims().first(task_id, queue), 0
         while claim.outcome == "claimed":
             taken += 1
             if claim.job_id is not None:
-                _decode_job(task, claim.job_id)
+                _decode_job(task, claim.job_id, claimed=True)
             if taken == limit or time.time() - task_started > CLAIM_BUDGET_S:
-                claims().release(task_id, queue)
+                claims().release(task_id, queue, claim)
                 return
-            claim = claims().next(task_id, queue)  # ends this claim (its job is done) and takes the next
+            claim = claims().next(task_id, queue, claim)  # ends this claim (its job is done), takes the next
+    except ClaimInterrupted as exc:
+        log.warning("task %s: a claimed job met a Redis error (%s): it goes back to the queue", task_id, exc)
+        with contextlib.suppress(redis.RedisError):
+            claims().give_back(task_id, queue)
     except (redis.RedisError, SoftTimeLimitExceeded) as exc:
-        log.warning("task %s: claims stopped (%s); a claimed job returns through the sweeper", task_id, exc)
+        log.warning("task %s: claims stopped (%s); a kept claim returns through the sweeper", task_id, exc)
 
 
-def _decode(task: Any, job_id: str) -> DecodeOutcome:
+def _decode(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:
     try:
         outcome = pipeline().run(job_id, task.request.id)
     except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
         outcome = pipeline().fail(job_id, "image decoding took too long", ErrorCode.BAD_IMAGE)
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact
+        if claimed:
+            raise ClaimInterrupted(str(exc)) from exc
         if task.request.retries >= REDIS_RETRIES:
             outcome = _fail_quietly(job_id, f"job store unreachable while decoding: {exc}")
         else:

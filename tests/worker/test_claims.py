@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from shared.config import CommonSettings
-from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, DecodeTasks, make_celery_app
+from shared.decode_task import BATCH_QUEUE, DECODE_QUEUE, DECODE_TASK, QUEUES, DecodeTasks, make_celery_app
 from shared.keys import Keys
 from worker.claims import DecodeClaims, job_of
 
@@ -31,7 +31,7 @@ def enqueue(client: redis.Redis, tasks: DecodeTasks, *job_ids: str, priority: st
 
 
 def claims_of(client: redis.Redis, keys: Keys) -> DecodeClaims:
-    return DecodeClaims(client, keys, DECODE_TASK, ttl_s=60)
+    return DecodeClaims(client, keys, DECODE_TASK, ttl_s=60, queues=QUEUES)
 
 
 def test_claims_take_the_oldest_waiting_job_one_at_a_time(
@@ -43,25 +43,62 @@ def test_claims_take_the_oldest_waiting_job_one_at_a_time(
     assert (first.outcome, first.job_id) == ("claimed", "job-1")
     assert job_of(redis_client.get(keys.decode_claim(task)) or b"") == "job-1"  # kept till it is done
     assert redis_client.llen(keys.decode_queue()) == 1
-    second = claims.next(task, DECODE_QUEUE)
+    second = claims.next(task, DECODE_QUEUE, first)
     assert (second.outcome, second.job_id) == ("claimed", "job-2")
     assert job_of(redis_client.get(keys.decode_claim(task)) or b"") == "job-2"
-    assert claims.next(task, DECODE_QUEUE).outcome == "none"
+    assert claims.next(task, DECODE_QUEUE, second).outcome == "none"
     assert not redis_client.exists(keys.decode_claim(task), keys.decode_queue())
+    counted = redis_client.hget(keys.metrics_counters(), "decode_claimed_jobs_total")
+    assert int(counted or 0) == 2
+
+
+def test_a_claim_call_run_again_after_a_lost_reply_answers_the_claim_it_made(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """redis-py re-sends a command once after a connection error: the re-run must neither end the
+    claim it just made (its job would be lost) nor take another."""
+    enqueue(redis_client, tasks, "job-1", "job-2", "job-3")
+    claims = claims_of(redis_client, keys)
+    first = claims.first("t", DECODE_QUEUE)
+    second = claims.next("t", DECODE_QUEUE, first)
+    again = claims.next("t", DECODE_QUEUE, first)  # the same call, re-sent
+    assert (again.outcome, again.job_id) == ("claimed", second.job_id) == ("claimed", "job-2")
+    assert redis_client.llen(keys.decode_queue()) == 1  # job-3 still waits
+    claims.release("t", DECODE_QUEUE, second)
+    claims.release("t", DECODE_QUEUE, second)  # re-sent: nothing left to end
+    assert not redis_client.exists(keys.decode_claim("t"))
+
+
+def test_a_task_gives_back_its_claim_unfinished(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """A claimed job met a Redis error, or the task ran past its claim budget: the kept message goes
+    back to the queue's consuming end, and nothing is taken."""
+    enqueue(redis_client, tasks, "job-1", "job-2")
+    claims = claims_of(redis_client, keys)
+    claims.first("t", DECODE_QUEUE)
+    assert claims.give_back("t", DECODE_QUEUE).outcome == "returned"
+    assert claims.give_back("t", DECODE_QUEUE).outcome == "none"
+    oldest_first = [job_of(m) for m in reversed(redis_client.lrange(keys.decode_queue(), 0, -1))]
+    assert oldest_first == ["job-1", "job-2"] and not redis_client.exists(keys.decode_claim("t"))
 
 
 def test_a_task_claims_from_its_own_queue_only(
     redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
 ) -> None:
-    """A worker that serves the batch queue alone (niced) never takes interactive jobs, and the
-    other way round."""
-    enqueue(redis_client, tasks, "batch-1", priority="batch")
+    """A worker that serves the batch queue alone (niced) never takes interactive jobs, and a batch
+    task claims only while no interactive job waits (batch work never delays interactive work)."""
+    enqueue(redis_client, tasks, "batch-1", "batch-2", priority="batch")
     enqueue(redis_client, tasks, "interactive-1")
     claims = claims_of(redis_client, keys)
-    assert claims.first("b", BATCH_QUEUE).job_id == "batch-1"
-    assert claims.next("b", BATCH_QUEUE).outcome == "none"
-    assert claims.first("i", DECODE_QUEUE).job_id == "interactive-1"
-    claims.release("i", DECODE_QUEUE)
+    assert claims.first("b", BATCH_QUEUE).outcome == "none"  # interactive work waits
+    interactive = claims.first("i", DECODE_QUEUE)
+    assert interactive.job_id == "interactive-1"
+    assert claims.next("i", DECODE_QUEUE, interactive).outcome == "none"  # no batch job for "i"
+    batch = claims.first("b", BATCH_QUEUE)
+    assert batch.job_id == "batch-1"
+    claims.release("b", BATCH_QUEUE, batch)
+    assert redis_client.llen(keys.decode_queue(BATCH_QUEUE)) == 1
     assert not redis_client.exists(keys.decode_claim("i"), keys.decode_claim("b"))
 
 
@@ -120,6 +157,7 @@ def test_messages_a_claim_cannot_run_stay_where_they_were(
 def test_nothing_waiting_claims_nothing(redis_client: redis.Redis, keys: Keys) -> None:
     claims = claims_of(redis_client, keys)
     task = str(uuid.uuid4())
-    assert claims.first(task, DECODE_QUEUE).outcome == "none"
-    claims.release(task, DECODE_QUEUE)
+    nothing = claims.first(task, DECODE_QUEUE)
+    assert nothing.outcome == "none"
+    claims.release(task, DECODE_QUEUE, nothing)
     assert not redis_client.exists(keys.decode_claim(task))

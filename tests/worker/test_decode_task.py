@@ -273,9 +273,10 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     assert sorted(_in_stream_ids(decode_stack, [slow, *waiting])) == sorted([slow, *waiting])
 
 
-def test_a_claimed_job_whose_decoder_dies_runs_again_as_its_own_task(decode_stack: ServiceStack) -> None:
-    """The child dies while decoding a job it claimed: the claiming task is redelivered, puts the
-    claim back, and the job is decoded again on its own, handed over once."""
+def test_a_claimed_job_whose_decoder_dies_is_decoded_again(decode_stack: ServiceStack) -> None:
+    """The child dies while decoding a job it claimed: the claiming task is requeued, and its kept
+    claim goes back to the queue (when it runs again, or when another task claims its message). The
+    job is decoded again by another task, charged one more attempt, and handed over once."""
     pictures = [big_png(3 + i) for i in range(4)]  # made first: the first decode must outlast the submits
     first = submit(decode_stack, pictures[0])
     decoding(decode_stack, first)
@@ -290,7 +291,7 @@ def test_a_claimed_job_whose_decoder_dies_runs_again_as_its_own_task(decode_stac
     for job_id in behind:
         assert settled(decode_stack, job_id) is JobStatus.WAITING
     assert int(decode_stack.redis.hget(decode_stack.keys.job(claimed), "decode_attempts")) == 2
-    assert decoded_by(decode_stack, claimed) not in ("", task)  # its own task this time
+    assert decoded_by(decode_stack, claimed) not in ("", task)  # not the task that died
     assert sorted(_in_stream_ids(decode_stack, [first, *behind])) == sorted([first, *behind])  # once each
 
 
