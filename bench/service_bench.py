@@ -537,8 +537,9 @@ def stack_env(args: argparse.Namespace) -> dict[str, str]:
         "VLMQ_DECODE_CONCURRENCY": "2",
         "OMP_NUM_THREADS": str(args.threads),
         "VLMQ_LOG_LEVEL": "WARNING",
-        # production timings, not the test stack's short fault-test ones
-        "VLMQ_HEARTBEAT_S": "2",
+        # production timings, not the test stack's short fault-test ones; a smoke run's readings
+        # wait for fresh heartbeats (engine counters) around each of its many tiny runs
+        "VLMQ_HEARTBEAT_S": "0.25" if getattr(args, "mode", "full") == "smoke" else "2",
         "VLMQ_CLAIM_IDLE_MS": "30000",
         "VLMQ_VISIBILITY_TIMEOUT_S": "300",
         "VLMQ_WORKER_STALE_S": "10",
