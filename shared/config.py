@@ -253,6 +253,16 @@ class DecodeWorkerSettings(CommonSettings):
         "(worker/claims.py), when decoding falls behind: each skips Celery's dispatch (a backlog of 64 px "
         "PNGs: 2.5 -> 1.9 decode CPU-ms a job). Flower shows the claiming task only; 0: one job per task",
     )
+    decode_linger_s: float = Field(
+        1.0,
+        ge=0.0,
+        le=5.0,
+        description="How long a task from the interactive queue waits, after its last job, for the next "
+        "one (a BLMOVE of the queue into its claim: worker/claims.py), taking it without Celery's dispatch "
+        "(one client: the queue hop 3 -> 2 ms, 5 -> 2 with task events on). Bounded by the claims' limits "
+        "(VLMQ_DECODE_CLAIM_MAX jobs, 5 s a task). While every child waits, the worker fetches nothing "
+        "else: batch jobs wait up to that long. 0: off",
+    )
     jpeg_draft: bool = Field(True, description="Decode large JPEGs at reduced scale (Pillow draft mode)")
     jpeg_draft_oversample: float = Field(
         1.0, ge=1.0, le=8.0, description="Draft mode keeps >= this x the processor's output size per axis"

@@ -51,19 +51,72 @@ log = logging.getLogger(__name__)
 # KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash, then
 # the lists of the queues before it in priority order (a batch claim waits while they hold work).
 # ARGV: mode, the task name a claim may take, the claim key's TTL, the claim keys' prefix (a claimed
-# message may be a requeued task's: its kept claim goes back too), the counter's field, and for
-# "next"/"release" the message of the claim being ended.
+# message may be a requeued task's: its kept claim goes back too), the counter's field, the message
+# of the claim being ended ("next"/"release") or the one a wait moved ("vet"), and "1" to arm.
 # Modes: "first" (a kept claim goes back and nothing is taken; else take one), "next" (end the
-# claim, take one), "release" (end the claim), "return" (a kept claim goes back; take nothing).
-# "next" is idempotent: re-run after a lost reply, it answers the claim it already made.
+# claim, take one), "release" (end the claim), "return" (a kept claim goes back; take nothing),
+# "vet" (a wait's ``BLMOVE`` moved a message into the armed claim: keep it if a claim may run it).
+# "next" and "vet" are idempotent: re-run after a lost reply, they answer the claim already made.
+# A claim key is a string (the kept message) or, while its task waits, a list: the armed list
+# holds ARMED alone, and a wait's BLMOVE puts the message at its head.
 CLAIM_LUA = """
-local mode, kept = ARGV[1], redis.call('GET', KEYS[1])
-if kept and (mode == 'first' or mode == 'return') then
-  redis.call('RPUSH', KEYS[2], kept)  -- the consuming end: the next message a worker fetches
+local ARMED = ''
+local function kept_of(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'string' then return redis.call('GET', key) end
+  if kind ~= 'list' then return false end
+  local oldest = redis.call('LINDEX', key, -2)  -- the armed list's first arrival (ARMED is last)
+  if oldest and oldest ~= ARMED then return oldest end
+  return false
+end
+local function put_back(key)  -- a list's messages back at the queue's consuming end, oldest last
+  if redis.call('TYPE', key)['ok'] == 'list' then
+    for _, message in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      if message ~= ARMED then redis.call('RPUSH', KEYS[2], message) end
+    end
+  else
+    redis.call('RPUSH', KEYS[2], redis.call('GET', key))
+  end
+  redis.call('DEL', key)
+end
+local function runnable(message)
+  local ok, envelope = pcall(cjson.decode, message)
+  local headers = ok and type(envelope) == 'table' and envelope['headers']
+  if type(headers) == 'table' and headers['task'] == ARGV[2]
+      and (headers['eta'] == nil or headers['eta'] == cjson.null) then
+    return headers
+  end
+  return false
+end
+local function keep(message, headers)  -- the claim is made: a requeued task's own claim goes back
+  if type(headers['id']) == 'string' then
+    local theirs = ARGV[4] .. headers['id']
+    if kept_of(theirs) then put_back(theirs) end
+  end
+  redis.call('SET', KEYS[1], message, 'EX', tonumber(ARGV[3]))
+  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+  return {'claimed', message}
+end
+local mode, kept = ARGV[1], kept_of(KEYS[1])
+if mode == 'vet' then
+  if kept and redis.call('TYPE', KEYS[1])['ok'] == 'string' then
+    if kept == ARGV[6] then return {'claimed', kept} end
+    return {'none'}
+  end
+  if not kept then return {'none'} end
+  -- more than one arrival (a BLMOVE re-sent after a lost reply): the later ones go back, newest first
+  for _, message in ipairs(redis.call('LRANGE', KEYS[1], 0, -3)) do redis.call('RPUSH', KEYS[2], message) end
   redis.call('DEL', KEYS[1])
+  local headers = runnable(kept)
+  if headers then return keep(kept, headers) end
+  redis.call('RPUSH', KEYS[2], kept)
+  return {'none'}
+end
+if kept and (mode == 'first' or mode == 'return') then
+  put_back(KEYS[1])
   return {'returned', kept}
 end
-if mode == 'return' then return {'none'} end
+if mode == 'return' then redis.call('DEL', KEYS[1]) return {'none'} end
 if kept and mode ~= 'first' and kept ~= ARGV[6] then
   if mode == 'next' then return {'claimed', kept} end
   return {'released'}
@@ -74,23 +127,16 @@ for i = 4, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then return {'none'} end
 end
 local message = redis.call('RPOP', KEYS[2])
-if not message then return {'none'} end
-local ok, envelope = pcall(cjson.decode, message)
-local headers = ok and type(envelope) == 'table' and envelope['headers']
-if type(headers) == 'table' and headers['task'] == ARGV[2]
-    and (headers['eta'] == nil or headers['eta'] == cjson.null) then
-  if type(headers['id']) == 'string' then
-    local theirs = ARGV[4] .. headers['id']
-    local their_claim = redis.call('GET', theirs)
-    if their_claim then
-      redis.call('RPUSH', KEYS[2], their_claim)
-      redis.call('DEL', theirs)
-    end
+if not message then
+  if ARGV[7] == '1' then
+    redis.call('RPUSH', KEYS[1], ARMED)
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+    return {'armed'}
   end
-  redis.call('SET', KEYS[1], message, 'EX', tonumber(ARGV[3]))
-  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
-  return {'claimed', message}
+  return {'none'}
 end
+local headers = runnable(message)
+if headers then return keep(message, headers) end
 redis.call('RPUSH', KEYS[2], message)
 return {'none'}
 """
@@ -99,7 +145,8 @@ return {'none'}
 @dataclass(frozen=True)
 class Claim:
     """One claim's answer: ``claimed`` (``message`` and, where it names one, ``job_id`` set),
-    ``returned`` (a kept claim went back to the queue), ``none`` or ``released``."""
+    ``returned`` (a kept claim went back to the queue), ``armed`` (nothing waited: the task may
+    ``wait`` for the next message), ``none`` or ``released``."""
 
     outcome: str
     message: bytes = b""
@@ -112,20 +159,32 @@ class DecodeClaims:
     the queues before it are empty)."""
 
     def __init__(self, client: Any, keys: Keys, task_name: str, ttl_s: int, queues: Sequence[str]):
+        self.r = client
         self.keys = keys
         self.task_name = task_name
         self.ttl_s = ttl_s
         self.queues = list(queues)
         self._script = client.register_script(CLAIM_LUA)
 
-    def first(self, task_id: str, queue: str) -> Claim:
+    def first(self, task_id: str, queue: str, arm: bool = False) -> Claim:
         """The task's first claim; a kept claim (the task runs again after its process died) goes
-        back to the queue instead, and nothing is taken."""
-        return self._call(task_id, queue, "first")
+        back to the queue instead, and nothing is taken. ``arm``: where nothing waits, the answer is
+        ``armed`` (the task may then ``wait``)."""
+        return self._call(task_id, queue, "first", arm=arm)
 
-    def next(self, task_id: str, queue: str, done: Claim) -> Claim:
+    def next(self, task_id: str, queue: str, done: Claim, arm: bool = False) -> Claim:
         """Ends the claim ``done`` (its job is done) and claims the oldest waiting message."""
-        return self._call(task_id, queue, "next", done.message)
+        return self._call(task_id, queue, "next", done.message, arm)
+
+    def wait(self, task_id: str, queue: str, timeout_s: float) -> Claim:
+        """After an ``armed`` answer: the queue's next message, waited for up to ``timeout_s`` (one
+        ``BLMOVE`` into the armed claim, so it is the task's the moment it leaves the queue), kept if
+        a claim may run it. Nothing came: the armed claim is ended (``released``)."""
+        claim_key = self.keys.decode_claim(task_id)
+        moved = self.r.blmove(self.keys.decode_queue(queue), claim_key, timeout_s, "RIGHT", "LEFT")
+        if moved is None:
+            return self._call(task_id, queue, "release")
+        return self._call(task_id, queue, "vet", moved)
 
     def release(self, task_id: str, queue: str, done: Claim) -> None:
         """Ends the claim ``done`` without taking another."""
@@ -135,7 +194,7 @@ class DecodeClaims:
         """A kept claim goes back to the queue, unfinished; nothing is taken."""
         return self._call(task_id, queue, "return")
 
-    def _call(self, task_id: str, queue: str, mode: str, ending: bytes = b"") -> Claim:
+    def _call(self, task_id: str, queue: str, mode: str, message: bytes = b"", arm: bool = False) -> Claim:
         before = self.queues[: self.queues.index(queue)] if queue in self.queues else []
         keys = [
             self.keys.decode_claim(task_id),
@@ -143,18 +202,19 @@ class DecodeClaims:
             self.keys.metrics_counters(),
             *(self.keys.decode_queue(q) for q in before),
         ]
-        args = [mode, self.task_name, self.ttl_s, self.keys.decode_claim(""), CLAIMED_SERIES, ending]
+        prefix = self.keys.decode_claim("")
+        args = [mode, self.task_name, self.ttl_s, prefix, CLAIMED_SERIES, message, "1" if arm else "0"]
         reply = self._script(keys=keys, args=args)
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if outcome == "returned":
             log.warning("task %s: its claimed job goes back to the queue, unfinished", task_id)
         if outcome != "claimed":
             return Claim(outcome)
-        message = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
-        job_id = job_of(message)
+        kept = reply[1] if isinstance(reply[1], bytes) else str(reply[1]).encode()
+        job_id = job_of(kept)
         if job_id is None:  # Celery could not have run it either
-            log.error("task %s claimed a message with no job id; dropped: %r", task_id, message[:200])
-        return Claim(outcome, message, job_id)
+            log.error("task %s claimed a message with no job id; dropped: %r", task_id, kept[:200])
+        return Claim(outcome, kept, job_id)
 
 
 def job_of(message: bytes | str) -> str | None:

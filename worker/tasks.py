@@ -24,13 +24,14 @@ from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
 from worker import decode_spans
 from worker.celery_app import app
-from worker.claims import DecodeClaims
+from worker.claims import Claim, DecodeClaims
 from worker.imaging import configure_pillow
 from worker.pipeline import DecodeOutcome, DecodePipeline
 
 log = logging.getLogger(__name__)
 REDIS_RETRIES = 5
 CLAIM_BUDGET_S = 5.0  # a task stops claiming after this long (soft time limit: 90 s)
+MIN_WAIT_S = 0.01
 
 
 @lru_cache(maxsize=1)
@@ -81,8 +82,7 @@ def decode(self, job_id: str) -> str:
     the queue's waiting jobs, while any wait (``worker.claims``)."""
     started = time.time()
     outcome = _decode_job(self, job_id)
-    if outcome.claims_due:
-        _decode_claimed(self, started)
+    _decode_claimed(self, started, outcome.claims_due)
     return outcome.status
 
 
@@ -94,35 +94,57 @@ def _decode_job(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:
     return outcome
 
 
-def _decode_claimed(task: Any, task_started: float) -> None:
-    """Up to ``VLMQ_DECODE_CLAIM_MAX`` waiting jobs of the task's own queue, one claim at a time,
-    while the task is younger than ``CLAIM_BUDGET_S``; past it (a long own job), a kept claim only
-    goes back. A Redis error ends the claims (a claim the error left kept expires, and the sweeper
-    re-enqueues its job)."""
-    limit = get_decode_worker_settings().decode_claim_max
+def _decode_claimed(task: Any, task_started: float, claims_due: bool) -> None:
+    """Up to ``VLMQ_DECODE_CLAIM_MAX`` more jobs of the task's own queue, one claim at a time, while
+    the task is younger than ``CLAIM_BUDGET_S``: those waiting now and, for an interactive task, those
+    that arrive within ``VLMQ_DECODE_LINGER_S`` of its last job. Past the budget (a long own job), a
+    kept claim only goes back. A Redis error ends the claims (a claim the error left kept expires,
+    and the sweeper re-enqueues its job)."""
+    settings = get_decode_worker_settings()
     queue = (task.request.delivery_info or {}).get("routing_key")
-    if limit == 0 or queue not in QUEUES:
+    if settings.decode_claim_max == 0 or queue not in QUEUES:
+        return
+    linger = settings.decode_linger_s if queue == QUEUES[0] else 0.0  # batch work waits its turn
+    if not (claims_due or linger > 0):
         return
     task_id = task.request.id
     try:
         if time.time() - task_started > CLAIM_BUDGET_S:
             claims().give_back(task_id, queue)
             return
-        claim, taken = claims().first(task_id, queue), 0
-        while claim.outcome == "claimed":
-            taken += 1
-            if claim.job_id is not None:
-                _decode_job(task, claim.job_id, claimed=True)
-            if taken == limit or time.time() - task_started > CLAIM_BUDGET_S:
-                claims().release(task_id, queue, claim)
-                return
-            claim = claims().next(task_id, queue, claim)  # ends this claim (its job is done), takes the next
+        _claim_loop(task, queue, linger, task_started, settings.decode_claim_max)
     except ClaimInterrupted as exc:
         log.warning("task %s: a claimed job met a Redis error (%s): it goes back to the queue", task_id, exc)
         with contextlib.suppress(redis.RedisError):
             claims().give_back(task_id, queue)
     except (redis.RedisError, SoftTimeLimitExceeded) as exc:
         log.warning("task %s: claims stopped (%s); a kept claim returns through the sweeper", task_id, exc)
+
+
+def _claim_loop(task: Any, queue: str, linger: float, task_started: float, limit: int) -> None:
+    task_id, arm = task.request.id, linger > 0
+    claim, taken = claims().first(task_id, queue, arm), 0
+    while True:
+        if claim.outcome == "armed":
+            claim = _wait_for_job(task_id, queue, linger, task_started)
+        if claim.outcome != "claimed":
+            return
+        taken += 1
+        if claim.job_id is not None:
+            _decode_job(task, claim.job_id, claimed=True)
+        if taken == limit or time.time() - task_started > CLAIM_BUDGET_S:
+            claims().release(task_id, queue, claim)
+            return
+        claim = claims().next(task_id, queue, claim, arm)  # ends this claim (its job is done)
+
+
+def _wait_for_job(task_id: str, queue: str, linger: float, task_started: float) -> Claim:
+    """The queue's next job, waited for up to ``linger`` seconds and never past the claim budget."""
+    timeout = min(linger, CLAIM_BUDGET_S - (time.time() - task_started))
+    if timeout < MIN_WAIT_S:  # too little left to wait for (BLMOVE's 0 would wait forever)
+        claims().release(task_id, queue, Claim("armed"))
+        return Claim("released")
+    return claims().wait(task_id, queue, timeout)
 
 
 def _decode(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -161,3 +163,81 @@ def test_nothing_waiting_claims_nothing(redis_client: redis.Redis, keys: Keys) -
     assert nothing.outcome == "none"
     claims.release(task, DECODE_QUEUE, nothing)
     assert not redis_client.exists(keys.decode_claim(task))
+
+
+def test_an_armed_claim_waits_for_the_next_job_and_keeps_it(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """Nothing waits: the claim is armed (a list with the claim TTL), and ``wait`` takes the job
+    pushed meanwhile the moment it arrives, into the task's claim (a string again, with its TTL)."""
+    claims, task = claims_of(redis_client, keys), "lingering"
+    armed = claims.first(task, DECODE_QUEUE, arm=True)
+    assert armed.outcome == "armed"
+    claim_key = keys.decode_claim(task)
+    assert redis_client.type(claim_key) == b"list" and 0 < redis_client.ttl(claim_key) <= 60
+    pusher = threading.Timer(0.2, enqueue, (redis_client, tasks, "arrived"))
+    pusher.start()
+    started = time.monotonic()
+    taken = claims.wait(task, DECODE_QUEUE, timeout_s=5)
+    pusher.join()
+    assert (taken.outcome, taken.job_id) == ("claimed", "arrived") and time.monotonic() - started < 4
+    assert job_of(redis_client.get(claim_key) or b"") == "arrived" and 0 < redis_client.ttl(claim_key) <= 60
+    assert not redis_client.exists(keys.decode_queue())
+    counted = redis_client.hget(keys.metrics_counters(), "decode_claimed_jobs_total")
+    assert int(counted or 0) == 1
+    again = claims.next(task, DECODE_QUEUE, taken, arm=True)
+    assert again.outcome == "armed"
+    assert claims.wait(task, DECODE_QUEUE, timeout_s=0.05).outcome == "released"
+    assert not redis_client.exists(claim_key)
+
+
+def test_a_task_that_died_waiting_puts_the_moved_job_back(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """The child died after ``BLMOVE`` moved a job into its armed claim, before the claim was vetted:
+    when its task runs again, or when another task claims its redelivered message, the job goes
+    back to the queue's consuming end."""
+    claims = claims_of(redis_client, keys)
+    for other_task in (False, True):
+        assert claims.first("t", DECODE_QUEUE, arm=True).outcome == "armed"
+        enqueue(redis_client, tasks, "moved", "later")
+        assert redis_client.blmove(keys.decode_queue(), keys.decode_claim("t"), 1, "RIGHT", "LEFT")
+        if other_task:
+            redis_client.rpush(keys.decode_queue(), tasks.message("t-own-job", task_id="t"))  # redelivered
+            taken = claims.first("u", DECODE_QUEUE)
+            assert taken.job_id == "t-own-job"
+            claims.release("u", DECODE_QUEUE, taken)
+        else:
+            assert claims.first("t", DECODE_QUEUE, arm=True).outcome == "returned"
+        oldest_first = [job_of(m) for m in reversed(redis_client.lrange(keys.decode_queue(), 0, -1))]
+        assert oldest_first == ["moved", "later"] and not redis_client.exists(keys.decode_claim("t"))
+        redis_client.delete(keys.decode_queue())
+
+
+def test_vetting_a_moved_message_is_safe_to_run_again(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks, redis_url: str
+) -> None:
+    """A vet call re-sent after a lost reply answers the claim it made; two messages moved (a
+    ``BLMOVE`` re-sent) keep the oldest and put the other back first in line; a message a claim
+    cannot run (a countdown retry) goes back and ends the wait."""
+    claims, claim_key, queue_key = claims_of(redis_client, keys), keys.decode_claim("t"), keys.decode_queue()
+    claims.first("t", DECODE_QUEUE, arm=True)
+    enqueue(redis_client, tasks, "oldest", "second", "third")
+    moved = redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")
+    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")  # the re-sent one
+    for _ in range(2):
+        vetted = claims._call("t", DECODE_QUEUE, "vet", moved)
+        assert (vetted.outcome, vetted.job_id) == ("claimed", "oldest")
+    assert [job_of(m) for m in reversed(redis_client.lrange(queue_key, 0, -1))] == ["second", "third"]
+    claims.release("t", DECODE_QUEUE, vetted)
+    redis_client.delete(queue_key)
+    settings = CommonSettings(_env_file=None, redis_url=redis_url, key_prefix=keys.prefix)  # type: ignore[call-arg]
+    app = make_celery_app(settings)
+    try:
+        claims.first("t", DECODE_QUEUE, arm=True)
+        app.send_task(DECODE_TASK, args=["retry-later"], queue=DECODE_QUEUE, countdown=30)
+        before = redis_client.lrange(queue_key, 0, -1)
+        assert claims.wait("t", DECODE_QUEUE, timeout_s=1).outcome == "none"
+        assert redis_client.lrange(queue_key, 0, -1) == before and not redis_client.exists(claim_key)
+    finally:
+        app.close()

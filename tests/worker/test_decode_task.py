@@ -77,6 +77,9 @@ def _in_stream(stack: ServiceStack, job_id: str) -> bool:
     return any(f[b"job_id"].decode() == job_id for _i, f in stack.redis.xrange(stack.keys.inference_stream()))
 
 
+DECODE_LINE = re.compile(r"job ([0-9a-f]{32}): \w+ .*\(\d+\.\d ms, task [0-9a-f-]{36}\)")
+
+
 def test_one_log_line_per_decode_names_job_task_and_outcome(decode_stack: ServiceStack) -> None:
     """At INFO the decode's own line only: Celery's per-task received/succeeded lines are off."""
     job_id = submit(decode_stack, J.image_bytes("JPEG", (64, 48), seed=21))
@@ -88,7 +91,8 @@ def test_one_log_line_per_decode_names_job_task_and_outcome(decode_stack: Servic
     lines = [line for line in log if job_id in line]
     found = re.search(r"\(\d+\.\d ms, task ([0-9a-f-]{36})\)", lines[0])
     assert len(lines) == 1 and found, lines
-    assert [line for line in log if found.group(1) in line] == lines, "Celery's own lines for the task"
+    task_lines = [line for line in log if found.group(1) in line]  # its own job's, and those it took
+    assert all(DECODE_LINE.search(line) for line in task_lines), "Celery's own lines for the task"
 
 
 def test_bad_images_fail_the_job_and_the_worker_keeps_serving(decode_stack: ServiceStack) -> None:
@@ -183,6 +187,7 @@ def test_task_events_are_published_for_flower(decode_stack: ServiceStack) -> Non
     thread.start()
     ready.wait(5)
     time.sleep(0.5)  # the receiver's subscription is in place
+    no_task_waiting(decode_stack)  # else a task waiting for jobs takes this one: no task of its own
     job_id = submit(decode_stack, J.image_bytes("JPEG", (120, 90), seed=13))
     assert settled(decode_stack, job_id) is JobStatus.WAITING
     wait_for(lambda: any(e.get("type") == "task-succeeded" for e in seen), 10, what="task-succeeded event")
@@ -249,6 +254,12 @@ def decoding(stack: ServiceStack, job_id: str) -> None:
     )
 
 
+def no_task_waiting(stack: ServiceStack) -> None:
+    """Every claim ended: no task holds a job or waits for one (``VLMQ_DECODE_LINGER_S``)."""
+    pattern = stack.keys.decode_claim("*")
+    wait_for(lambda: not list(stack.redis.scan_iter(pattern)), 10, what="no decode task waiting for jobs")
+
+
 def decoded_by(stack: ServiceStack, job_id: str) -> str:
     return (stack.redis.hget(stack.keys.job(job_id), "decode_task") or b"").decode()
 
@@ -257,6 +268,7 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     """One pool child, busy: the jobs queued behind it are decoded in its task, not a task each
     (Celery's main process may hold one of them already: that one runs as its own task)."""
     pictures = [J.image_bytes("JPEG", (90, 70), seed=40 + i) for i in range(4)]
+    no_task_waiting(decode_stack)  # else a task waiting for jobs takes the slow one too
     counters = decode_stack.keys.metrics_counters()
     claimed_before = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     slow = submit(decode_stack, big_png(1))
@@ -269,7 +281,7 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     assert task and len(claimed) >= len(waiting) - 1, [decoded_by(decode_stack, j) for j in waiting]
     claimed_after = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     assert claimed_after - claimed_before == len(claimed)  # vlmq_decode_claimed_jobs_total
-    assert not decode_stack.redis.exists(decode_stack.keys.decode_claim(task))
+    no_task_waiting(decode_stack)  # the task waits for more jobs a while, then ends
     assert sorted(_in_stream_ids(decode_stack, [slow, *waiting])) == sorted([slow, *waiting])
 
 
@@ -278,6 +290,7 @@ def test_a_claimed_job_whose_decoder_dies_is_decoded_again(decode_stack: Service
     claim goes back to the queue (when it runs again, or when another task claims its message). The
     job is decoded again by another task, charged one more attempt, and handed over once."""
     pictures = [big_png(3 + i) for i in range(4)]  # made first: the first decode must outlast the submits
+    no_task_waiting(decode_stack)
     first = submit(decode_stack, pictures[0])
     decoding(decode_stack, first)
     behind = [submit(decode_stack, data) for data in pictures[1:]]  # one is claimed by the first's task
@@ -298,3 +311,27 @@ def test_a_claimed_job_whose_decoder_dies_is_decoded_again(decode_stack: Service
 def _in_stream_ids(stack: ServiceStack, job_ids: list[str]) -> list[str]:
     entries = stack.redis.xrange(stack.keys.inference_stream())
     return [f[b"job_id"].decode() for _i, f in entries if f[b"job_id"].decode() in job_ids]
+
+
+def test_a_task_waits_for_the_next_job_and_takes_it(decode_stack: ServiceStack) -> None:
+    """After its job, a task waits (``VLMQ_DECODE_LINGER_S``) for the interactive queue's next one
+    and decodes it itself: no dispatch by Celery's main process, which fetches nothing while its one
+    child waits. Once the wait lapses, the task ends and the next job has a task of its own."""
+    no_task_waiting(decode_stack)
+    counters = decode_stack.keys.metrics_counters()
+    claimed_before = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
+    first = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=60))
+    assert settled(decode_stack, first) is JobStatus.WAITING
+    task = decoded_by(decode_stack, first)
+    claim_key = decode_stack.keys.decode_claim(task)
+    wait_for(lambda: decode_stack.redis.type(claim_key) == b"list", 10, what="the task waiting for a job")
+    following = [submit(decode_stack, J.image_bytes("PNG", (80, 60), seed=61 + i)) for i in range(2)]
+    for job_id in following:
+        assert settled(decode_stack, job_id) is JobStatus.WAITING
+        assert decoded_by(decode_stack, job_id) == task
+    claimed_after = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
+    assert claimed_after - claimed_before == len(following)
+    no_task_waiting(decode_stack)
+    later = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=63))
+    assert settled(decode_stack, later) is JobStatus.WAITING
+    assert decoded_by(decode_stack, later) not in ("", task)
