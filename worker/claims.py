@@ -28,6 +28,14 @@ batch queue alone (at a lower CPU priority) never takes interactive jobs. What k
   nearly all of the task's soft time limit.
 - A message the claim cannot run (another task, a countdown retry's ``eta``) goes back where it was.
 
+An interactive task also waits for the next job (``VLMQ_DECODE_LINGER_S``): where nothing waits, the
+claim call arms the task's claim (a list holding only ``ARMED``, with the claim's TTL), and ``wait``
+blocks in ``BLMOVE`` from the queue into it, so a job pushed meanwhile is the task's the moment it
+leaves the queue; the ``vet`` call then keeps it like any claim. A job that arrives a few
+milliseconds after the last one so skips Celery's dispatch too (the main process's fetch, the hand-off
+to a child, and where Flower runs, the task's events). While every child of a worker waits, its main
+process fetches nothing (its prefetch is spent on them): a batch job waits at most the linger.
+
 Flower shows the claiming task only; the job hash's ``decode_task`` names the task that decoded it
 and ``vlmq_decode_claimed_jobs_total`` counts claims.
 """

@@ -79,7 +79,7 @@ def claims() -> DecodeClaims:
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)
 def decode(self, job_id: str) -> str:
     """Decode the job's image into the model's pixel tensor and hand the job to inference; then
-    the queue's waiting jobs, while any wait (``worker.claims``)."""
+    the queue's waiting jobs, and those that come while the task waits (``worker.claims``)."""
     started = time.time()
     outcome = _decode_job(self, job_id)
     _decode_claimed(self, started, outcome.claims_due)

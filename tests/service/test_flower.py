@@ -42,12 +42,17 @@ class Flower:
         listed = self.client.get("/workers", params={"json": 1}).json()["data"]
         return {worker["hostname"]: worker for worker in listed}
 
-    def wait_for(self, job_id: str, state: str, timeout_s: float = 30) -> dict[str, dict[str, Any]]:
-        """The job's decode and inference tasks once its inference task is in ``state``."""
+    def wait_for(
+        self, job_id: str, state: str, timeout_s: float = 30, decode_state: str | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """The job's decode and inference tasks once its inference task is in ``state`` (and its
+        decode task in ``decode_state``, where given)."""
         deadline = time.monotonic() + timeout_s
+        wanted = {"vlmq.inference": state, **({"vlmq.decode": decode_state} if decode_state else {})}
         while time.monotonic() < deadline:
             mine = {uuid: t for uuid, t in self.tasks().items() if job_id in str(t.get("args"))}
-            if any(t["name"] == "vlmq.inference" and t["state"] == state for t in mine.values()):
+            states = {t["name"]: t["state"] for t in mine.values()}
+            if all(states.get(name) == want for name, want in wanted.items()):
                 return mine
             time.sleep(0.2)
         raise TimeoutError(f"no inference task of {job_id} in {state}: {mine}")
@@ -76,6 +81,7 @@ def flower_stack(stack_factory: Any, tmp_path: Path) -> Iterator[tuple[ServiceSt
 async def test_flower_lists_inference_beside_decode(flower_stack: tuple[ServiceStack, Flower]) -> None:
     stack, flower = flower_stack
     assert httpx.get(f"{flower.url}/api/tasks").status_code == 401  # never open
+    stack.no_decode_task_waiting()  # else a task waiting for jobs takes this one: no task of its own
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
         resp = await client.post(
             "/v1/jobs",
@@ -85,7 +91,7 @@ async def test_flower_lists_inference_beside_decode(flower_stack: tuple[ServiceS
         )
         job_id = resp.json()["id"]
         assert (await wait_done(client, job_id))["status"] == "done"
-    tasks = flower.wait_for(job_id, "SUCCESS")
+    tasks = flower.wait_for(job_id, "SUCCESS", decode_state="SUCCESS")  # the decode task waits a while
     by_name = {t["name"]: (uuid, t) for uuid, t in tasks.items()}
     assert set(by_name) == {"vlmq.decode", "vlmq.inference"}
     uuid, inference = by_name["vlmq.inference"]

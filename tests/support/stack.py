@@ -135,6 +135,12 @@ class ServiceStack:
             self._celery = make_celery_app(settings)
         return self._celery
 
+    def no_decode_task_waiting(self, timeout_s: float = 10.0) -> None:
+        """Every decode claim ended: no task holds a job or waits for the next (``VLMQ_DECODE_LINGER_S``),
+        so the next job gets a Celery task of its own."""
+        pattern = self.keys.decode_claim("*")
+        wait_for(lambda: not list(self.redis.scan_iter(pattern)), timeout_s, what="no decode task waiting")
+
     def enqueue_decode(self, job_id: str) -> str:
         return str(self.celery_app().send_task(DECODE_TASK, args=[job_id], queue=DECODE_QUEUE).id)
 

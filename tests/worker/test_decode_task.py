@@ -187,7 +187,7 @@ def test_task_events_are_published_for_flower(decode_stack: ServiceStack) -> Non
     thread.start()
     ready.wait(5)
     time.sleep(0.5)  # the receiver's subscription is in place
-    no_task_waiting(decode_stack)  # else a task waiting for jobs takes this one: no task of its own
+    decode_stack.no_decode_task_waiting()  # else a task waiting for jobs takes this one: no task of its own
     job_id = submit(decode_stack, J.image_bytes("JPEG", (120, 90), seed=13))
     assert settled(decode_stack, job_id) is JobStatus.WAITING
     wait_for(lambda: any(e.get("type") == "task-succeeded" for e in seen), 10, what="task-succeeded event")
@@ -254,12 +254,6 @@ def decoding(stack: ServiceStack, job_id: str) -> None:
     )
 
 
-def no_task_waiting(stack: ServiceStack) -> None:
-    """Every claim ended: no task holds a job or waits for one (``VLMQ_DECODE_LINGER_S``)."""
-    pattern = stack.keys.decode_claim("*")
-    wait_for(lambda: not list(stack.redis.scan_iter(pattern)), 10, what="no decode task waiting for jobs")
-
-
 def decoded_by(stack: ServiceStack, job_id: str) -> str:
     return (stack.redis.hget(stack.keys.job(job_id), "decode_task") or b"").decode()
 
@@ -268,7 +262,7 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     """One pool child, busy: the jobs queued behind it are decoded in its task, not a task each
     (Celery's main process may hold one of them already: that one runs as its own task)."""
     pictures = [J.image_bytes("JPEG", (90, 70), seed=40 + i) for i in range(4)]
-    no_task_waiting(decode_stack)  # else a task waiting for jobs takes the slow one too
+    decode_stack.no_decode_task_waiting()  # else a task waiting for jobs takes the slow one too
     counters = decode_stack.keys.metrics_counters()
     claimed_before = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     slow = submit(decode_stack, big_png(1))
@@ -281,7 +275,7 @@ def test_a_busy_decoder_takes_the_waiting_jobs_in_its_task(decode_stack: Service
     assert task and len(claimed) >= len(waiting) - 1, [decoded_by(decode_stack, j) for j in waiting]
     claimed_after = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     assert claimed_after - claimed_before == len(claimed)  # vlmq_decode_claimed_jobs_total
-    no_task_waiting(decode_stack)  # the task waits for more jobs a while, then ends
+    decode_stack.no_decode_task_waiting()  # the task waits for more jobs a while, then ends
     assert sorted(_in_stream_ids(decode_stack, [slow, *waiting])) == sorted([slow, *waiting])
 
 
@@ -290,7 +284,7 @@ def test_a_claimed_job_whose_decoder_dies_is_decoded_again(decode_stack: Service
     claim goes back to the queue (when it runs again, or when another task claims its message). The
     job is decoded again by another task, charged one more attempt, and handed over once."""
     pictures = [big_png(3 + i) for i in range(4)]  # made first: the first decode must outlast the submits
-    no_task_waiting(decode_stack)
+    decode_stack.no_decode_task_waiting()
     first = submit(decode_stack, pictures[0])
     decoding(decode_stack, first)
     behind = [submit(decode_stack, data) for data in pictures[1:]]  # one is claimed by the first's task
@@ -317,7 +311,7 @@ def test_a_task_waits_for_the_next_job_and_takes_it(decode_stack: ServiceStack) 
     """After its job, a task waits (``VLMQ_DECODE_LINGER_S``) for the interactive queue's next one
     and decodes it itself: no dispatch by Celery's main process, which fetches nothing while its one
     child waits. Once the wait lapses, the task ends and the next job has a task of its own."""
-    no_task_waiting(decode_stack)
+    decode_stack.no_decode_task_waiting()
     counters = decode_stack.keys.metrics_counters()
     claimed_before = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     first = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=60))
@@ -331,7 +325,7 @@ def test_a_task_waits_for_the_next_job_and_takes_it(decode_stack: ServiceStack) 
         assert decoded_by(decode_stack, job_id) == task
     claimed_after = int(decode_stack.redis.hget(counters, "decode_claimed_jobs_total") or 0)
     assert claimed_after - claimed_before == len(following)
-    no_task_waiting(decode_stack)
+    decode_stack.no_decode_task_waiting()
     later = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=63))
     assert settled(decode_stack, later) is JobStatus.WAITING
     assert decoded_by(decode_stack, later) not in ("", task)
