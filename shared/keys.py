@@ -104,7 +104,8 @@ class Keys:
 
     def decode_claim(self, task_id: str) -> str:
         """String: the queue message a running decode task took beside its own (``worker.claims``),
-        kept until its job is done so that a redelivered task can put it back."""
+        kept until its job is done so that a redelivered task can put it back; a list while the
+        task waits for the next job (armed: one empty marker; then what its ``BLMOVE`` moved)."""
         return f"{self.prefix}:decode:claim:{task_id}"
 
     # --- conversations and results ---

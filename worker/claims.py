@@ -34,7 +34,8 @@ blocks in ``BLMOVE`` from the queue into it, so a job pushed meanwhile is the ta
 leaves the queue; the ``vet`` call then keeps it like any claim. A job that arrives a few
 milliseconds after the last one so skips Celery's dispatch too (the main process's fetch, the hand-off
 to a child, and where Flower runs, the task's events). While every child of a worker waits, its main
-process fetches nothing (its prefetch is spent on them): a batch job waits at most the linger.
+process fetches nothing (its prefetch is spent on them), so a task arms only while the batch queue
+its worker also serves is empty: a batch job waits at most one linger, or one interactive decode.
 
 Flower shows the claiming task only; the job hash's ``decode_task`` names the task that decoded it
 and ``vlmq_decode_claimed_jobs_total`` counts claims.
@@ -56,29 +57,37 @@ CLAIMED_SERIES = series("decode_claimed_jobs_total")  # vlmq_decode_claimed_jobs
 
 log = logging.getLogger(__name__)
 
-# KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash, then
-# the lists of the queues before it in priority order (a batch claim waits while they hold work).
+# KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash, a list
+# whose messages stop a task from arming (the batch queue of a worker that also serves it; else the
+# queue's own list, empty by then), then the lists of the queues before it in priority order (a
+# batch claim waits while they hold work).
 # ARGV: mode, the task name a claim may take, the claim key's TTL, the claim keys' prefix (a claimed
 # message may be a requeued task's: its kept claim goes back too), the counter's field, the message
-# of the claim being ended ("next"/"release") or the one a wait moved ("vet"), and "1" to arm.
+# of the claim being ended ("next"/"release"), and "1" to arm.
 # Modes: "first" (a kept claim goes back and nothing is taken; else take one), "next" (end the
 # claim, take one), "release" (end the claim), "return" (a kept claim goes back; take nothing),
-# "vet" (a wait's ``BLMOVE`` moved a message into the armed claim: keep it if a claim may run it).
+# "vet" (after a wait: keep the message it moved if a claim may run it; nothing moved: disarm).
 # "next" and "vet" are idempotent: re-run after a lost reply, they answer the claim already made.
-# A claim key is a string (the kept message) or, while its task waits, a list: the armed list
-# holds ARMED alone, and a wait's BLMOVE puts the message at its head.
+# A claim key is a string (the kept message, its job in progress) or a list: armed (ARMED alone,
+# with the claim TTL), with the message(s) a wait's BLMOVE moved in at its head. A job starts only
+# once "vet" made its message a string, so a list's messages always go back to the queue unrun.
 CLAIM_LUA = """
 local ARMED = ''
-local function kept_of(key)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'string' then return redis.call('GET', key) end
-  if kind ~= 'list' then return false end
-  local oldest = redis.call('LINDEX', key, -2)  -- the armed list's first arrival (ARMED is last)
-  if oldest and oldest ~= ARMED then return oldest end
+local function oldest_in(key)  -- a list's first arrival; ARMED is last where the list was armed
+  for _, at in ipairs({-1, -2}) do
+    local message = redis.call('LINDEX', key, at)
+    if message and message ~= ARMED then return message end
+  end
   return false
 end
-local function put_back(key)  -- a list's messages back at the queue's consuming end, oldest last
-  if redis.call('TYPE', key)['ok'] == 'list' then
+local function kept_of(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'string' then return redis.call('GET', key), kind end
+  if kind == 'list' then return oldest_in(key), kind end
+  return false, kind
+end
+local function put_back(key, kind)  -- back at the queue's consuming end, the oldest last
+  if kind == 'list' then
     for _, message in ipairs(redis.call('LRANGE', key, 0, -1)) do
       if message ~= ARMED then redis.call('RPUSH', KEYS[2], message) end
     end
@@ -99,30 +108,32 @@ end
 local function keep(message, headers)  -- the claim is made: a requeued task's own claim goes back
   if type(headers['id']) == 'string' then
     local theirs = ARGV[4] .. headers['id']
-    if kept_of(theirs) then put_back(theirs) end
+    local their_kept, their_kind = kept_of(theirs)
+    if their_kept then put_back(theirs, their_kind) else redis.call('DEL', theirs) end
   end
   redis.call('SET', KEYS[1], message, 'EX', tonumber(ARGV[3]))
   redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
   return {'claimed', message}
 end
-local mode, kept = ARGV[1], kept_of(KEYS[1])
+local mode = ARGV[1]
+local kept, kind = kept_of(KEYS[1])
 if mode == 'vet' then
-  if kept and redis.call('TYPE', KEYS[1])['ok'] == 'string' then
-    if kept == ARGV[6] then return {'claimed', kept} end
-    return {'none'}
+  if kind == 'string' then return {'claimed', kept} end  -- this wait's own vet, re-sent
+  if not kept then redis.call('DEL', KEYS[1]) return {'released'} end
+  -- later arrivals (a BLMOVE re-sent after a lost reply) go back, the oldest of them last
+  for _, message in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    if message ~= ARMED and message ~= kept then redis.call('RPUSH', KEYS[2], message) end
   end
-  if not kept then return {'none'} end
-  -- more than one arrival (a BLMOVE re-sent after a lost reply): the later ones go back, newest first
-  for _, message in ipairs(redis.call('LRANGE', KEYS[1], 0, -3)) do redis.call('RPUSH', KEYS[2], message) end
   redis.call('DEL', KEYS[1])
   local headers = runnable(kept)
   if headers then return keep(kept, headers) end
   redis.call('RPUSH', KEYS[2], kept)
   return {'none'}
 end
-if kept and (mode == 'first' or mode == 'return') then
-  put_back(KEYS[1])
-  return {'returned', kept}
+if kept and (mode == 'first' or mode == 'return' or kind == 'list') then
+  put_back(KEYS[1], kind)  -- a list's messages were never vetted: unrun, whatever the mode
+  if mode == 'first' or mode == 'return' then return {'returned', kept} end
+  kept = false
 end
 if mode == 'return' then redis.call('DEL', KEYS[1]) return {'none'} end
 if kept and mode ~= 'first' and kept ~= ARGV[6] then
@@ -131,12 +142,12 @@ if kept and mode ~= 'first' and kept ~= ARGV[6] then
 end
 redis.call('DEL', KEYS[1])
 if mode == 'release' then return {'released'} end
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then return {'none'} end
 end
 local message = redis.call('RPOP', KEYS[2])
 if not message then
-  if ARGV[7] == '1' then
+  if ARGV[7] == '1' and redis.call('EXISTS', KEYS[4]) == 0 then
     redis.call('RPUSH', KEYS[1], ARMED)
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
     return {'armed'}
@@ -164,20 +175,30 @@ class Claim:
 class DecodeClaims:
     """The claims of decode tasks, each by its id and the queue it came from, against the sync Redis
     client of the process. ``queues``: every queue in priority order (a queue claims only while
-    the queues before it are empty)."""
+    the queues before it are empty); ``served``: those this worker consumes (a task arms only while
+    the later ones it serves are empty: its wait would hold up their jobs)."""
 
-    def __init__(self, client: Any, keys: Keys, task_name: str, ttl_s: int, queues: Sequence[str]):
+    def __init__(
+        self,
+        client: Any,
+        keys: Keys,
+        task_name: str,
+        ttl_s: int,
+        queues: Sequence[str],
+        served: Sequence[str] = (),
+    ):
         self.r = client
         self.keys = keys
         self.task_name = task_name
         self.ttl_s = ttl_s
         self.queues = list(queues)
+        self.served = set(served) or set(queues)  # the worker's queues (its ``-Q``)
         self._script = client.register_script(CLAIM_LUA)
 
     def first(self, task_id: str, queue: str, arm: bool = False) -> Claim:
         """The task's first claim; a kept claim (the task runs again after its process died) goes
         back to the queue instead, and nothing is taken. ``arm``: where nothing waits, the answer is
-        ``armed`` (the task may then ``wait``)."""
+        ``armed`` (the task may then ``wait``), unless a later queue the worker serves holds jobs."""
         return self._call(task_id, queue, "first", arm=arm)
 
     def next(self, task_id: str, queue: str, done: Claim, arm: bool = False) -> Claim:
@@ -189,10 +210,10 @@ class DecodeClaims:
         ``BLMOVE`` into the armed claim, so it is the task's the moment it leaves the queue), kept if
         a claim may run it. Nothing came: the armed claim is ended (``released``)."""
         claim_key = self.keys.decode_claim(task_id)
-        moved = self.r.blmove(self.keys.decode_queue(queue), claim_key, timeout_s, "RIGHT", "LEFT")
-        if moved is None:
-            return self._call(task_id, queue, "release")
-        return self._call(task_id, queue, "vet", moved)
+        self.r.blmove(self.keys.decode_queue(queue), claim_key, timeout_s, "RIGHT", "LEFT")
+        # the claim list tells what came, not the reply: a BLMOVE re-sent after a lost reply may
+        # time out although the first one moved a message
+        return self._call(task_id, queue, "vet")
 
     def release(self, task_id: str, queue: str, done: Claim) -> None:
         """Ends the claim ``done`` without taking another."""
@@ -203,12 +224,14 @@ class DecodeClaims:
         return self._call(task_id, queue, "return")
 
     def _call(self, task_id: str, queue: str, mode: str, message: bytes = b"", arm: bool = False) -> Claim:
-        before = self.queues[: self.queues.index(queue)] if queue in self.queues else []
+        at = self.queues.index(queue) if queue in self.queues else len(self.queues)
+        later = [q for q in self.queues[at + 1 :] if q in self.served]
         keys = [
             self.keys.decode_claim(task_id),
             self.keys.decode_queue(queue),
             self.keys.metrics_counters(),
-            *(self.keys.decode_queue(q) for q in before),
+            self.keys.decode_queue(later[0] if later else queue),
+            *(self.keys.decode_queue(q) for q in self.queues[:at]),
         ]
         prefix = self.keys.decode_claim("")
         args = [mode, self.task_name, self.ttl_s, prefix, CLAIMED_SERIES, message, "1" if arm else "0"]

@@ -73,7 +73,8 @@ def claims() -> DecodeClaims:
     ttl_s = int(app.conf.task_time_limit or 120) + 60  # outlives the task; the sweeper covers the rest
     if settings.decode_ack_emulation:  # a lost node's task then comes back after the visibility timeout
         ttl_s += settings.visibility_timeout_s
-    return DecodeClaims(pipeline().r, pipeline().keys, DECODE_TASK, ttl_s, QUEUES)
+    served = list(app.amqp.queues.consume_from or ())  # the worker's -Q, selected before the fork
+    return DecodeClaims(pipeline().r, pipeline().keys, DECODE_TASK, ttl_s, QUEUES, served)
 
 
 @app.task(name=DECODE_TASK, bind=True, max_retries=REDIS_RETRIES)

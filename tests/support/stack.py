@@ -139,7 +139,14 @@ class ServiceStack:
         """Every decode claim ended: no task holds a job or waits for the next (``VLMQ_DECODE_LINGER_S``),
         so the next job gets a Celery task of its own."""
         pattern = self.keys.decode_claim("*")
-        wait_for(lambda: not list(self.redis.scan_iter(pattern)), timeout_s, what="no decode task waiting")
+
+        def idle() -> bool:  # a task between its hand-over and its wait has no claim key yet: ask Celery too
+            if list(self.redis.scan_iter(pattern)):
+                return False
+            active = self.celery_app().control.inspect(timeout=0.5).active() or {}
+            return not any(active.values()) and not list(self.redis.scan_iter(pattern))
+
+        wait_for(idle, timeout_s, what="no decode task waiting")
 
     def enqueue_decode(self, job_id: str) -> str:
         return str(self.celery_app().send_task(DECODE_TASK, args=[job_id], queue=DECODE_QUEUE).id)

@@ -214,30 +214,89 @@ def test_a_task_that_died_waiting_puts_the_moved_job_back(
         redis_client.delete(keys.decode_queue())
 
 
-def test_vetting_a_moved_message_is_safe_to_run_again(
-    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks, redis_url: str
+def test_what_a_wait_moved_is_kept_however_its_replies_went(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
 ) -> None:
-    """A vet call re-sent after a lost reply answers the claim it made; two messages moved (a
-    ``BLMOVE`` re-sent) keep the oldest and put the other back first in line; a message a claim
-    cannot run (a countdown retry) goes back and ends the wait."""
+    """redis-py re-sends a command once after a connection error. A BLMOVE re-sent after its first
+    run moved a job: the re-sent one times out (nothing else waits) or moves a second job; a vet
+    re-sent after a lost reply. Each time the task keeps its first arrival, and the rest goes back
+    first in line."""
     claims, claim_key, queue_key = claims_of(redis_client, keys), keys.decode_claim("t"), keys.decode_queue()
     claims.first("t", DECODE_QUEUE, arm=True)
+    enqueue(redis_client, tasks, "moved")
+    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")  # its reply lost
+    taken = claims.wait("t", DECODE_QUEUE, timeout_s=0.05)  # the re-sent BLMOVE times out
+    assert (taken.outcome, taken.job_id) == ("claimed", "moved")
+    assert claims.next("t", DECODE_QUEUE, taken, arm=True).outcome == "armed"
     enqueue(redis_client, tasks, "oldest", "second", "third")
-    moved = redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")
-    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")  # the re-sent one
-    for _ in range(2):
-        vetted = claims._call("t", DECODE_QUEUE, "vet", moved)
-        assert (vetted.outcome, vetted.job_id) == ("claimed", "oldest")
+    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")  # its reply lost
+    taken = claims.wait("t", DECODE_QUEUE, timeout_s=1)  # the re-sent BLMOVE moves "second"
+    again = claims._call("t", DECODE_QUEUE, "vet")  # the vet, re-sent
+    assert (taken.job_id, again.outcome, again.job_id) == ("oldest", "claimed", "oldest")
     assert [job_of(m) for m in reversed(redis_client.lrange(queue_key, 0, -1))] == ["second", "third"]
-    claims.release("t", DECODE_QUEUE, vetted)
-    redis_client.delete(queue_key)
+    assert 0 < redis_client.ttl(claim_key) <= 60
+
+
+def test_a_claim_list_without_its_marker_is_still_the_tasks(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """The arming was lost (a failover between it and the BLMOVE, which then made the list itself,
+    with no marker and no TTL): the moved job is still kept by the wait, or put back when the task
+    runs again; no key is left without a TTL."""
+    claims, claim_key, queue_key = claims_of(redis_client, keys), keys.decode_claim("t"), keys.decode_queue()
+    enqueue(redis_client, tasks, "moved", "later")
+    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")
+    taken = claims.wait("t", DECODE_QUEUE, timeout_s=0.05)
+    assert taken.job_id == "moved" and 0 < redis_client.ttl(claim_key) <= 60
+    claims.release("t", DECODE_QUEUE, taken)
+    assert redis_client.blmove(queue_key, claim_key, 1, "RIGHT", "LEFT")
+    assert claims.first("t", DECODE_QUEUE).outcome == "returned"  # the task, run again
+    assert [job_of(m) for m in redis_client.lrange(queue_key, 0, -1)] == ["later"]
+    assert not redis_client.exists(claim_key) and redis_client.llen(queue_key) == 1
+
+
+def test_a_wait_ends_at_a_message_no_claim_may_run(
+    redis_client: redis.Redis, keys: Keys, redis_url: str
+) -> None:
+    """A countdown retry (``eta``) moved by the wait goes back where it was, and the wait ends."""
+    claims, claim_key, queue_key = claims_of(redis_client, keys), keys.decode_claim("t"), keys.decode_queue()
     settings = CommonSettings(_env_file=None, redis_url=redis_url, key_prefix=keys.prefix)  # type: ignore[call-arg]
     app = make_celery_app(settings)
     try:
-        claims.first("t", DECODE_QUEUE, arm=True)
+        assert claims.first("t", DECODE_QUEUE, arm=True).outcome == "armed"
         app.send_task(DECODE_TASK, args=["retry-later"], queue=DECODE_QUEUE, countdown=30)
         before = redis_client.lrange(queue_key, 0, -1)
         assert claims.wait("t", DECODE_QUEUE, timeout_s=1).outcome == "none"
         assert redis_client.lrange(queue_key, 0, -1) == before and not redis_client.exists(claim_key)
     finally:
         app.close()
+
+
+def test_an_interactive_task_arms_only_while_its_workers_batch_queue_is_empty(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """Every child of a worker waiting for interactive jobs would hold up the batch jobs it also
+    serves: with batch work queued, such a task ends instead. A worker without the batch queue waits."""
+    enqueue(redis_client, tasks, "batch-1", priority="batch")
+    serving_both = claims_of(redis_client, keys)
+    assert serving_both.first("t", DECODE_QUEUE, arm=True).outcome == "none"
+    interactive_only = DecodeClaims(redis_client, keys, DECODE_TASK, 60, QUEUES, served=[DECODE_QUEUE])
+    assert interactive_only.first("t", DECODE_QUEUE, arm=True).outcome == "armed"
+    assert interactive_only.wait("t", DECODE_QUEUE, timeout_s=0.05).outcome == "released"
+    assert not redis_client.exists(keys.decode_claim("t")) and redis_client.llen(
+        keys.decode_queue(BATCH_QUEUE)
+    )
+
+
+def test_claiming_a_dead_tasks_message_ends_its_armed_claim(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """Task ``t`` died while it waited (armed, nothing moved); its message came back and ``u`` claims
+    it: ``t``'s armed list goes too (``t`` is not running)."""
+    claims = claims_of(redis_client, keys)
+    assert claims.first("t", DECODE_QUEUE, arm=True).outcome == "armed"
+    redis_client.rpush(keys.decode_queue(), tasks.message("t-own-job", task_id="t"))  # redelivered
+    taken = claims.first("u", DECODE_QUEUE)
+    assert taken.job_id == "t-own-job" and not redis_client.exists(keys.decode_claim("t"))
+    claims.release("u", DECODE_QUEUE, taken)
+    assert not redis_client.exists(keys.decode_claim("u"), keys.decode_queue())
