@@ -22,7 +22,7 @@ from shared.config import get_decode_worker_settings
 from shared.decode_task import DECODE_TASK, QUEUES
 from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
-from worker import decode_spans
+from worker import decode_spans, stop_signal
 from worker.celery_app import app
 from worker.claims import Claim, DecodeClaims
 from worker.imaging import configure_pillow
@@ -53,6 +53,11 @@ def _warm_up(**_: object) -> None:
     tracing.setup("decode", get_decode_worker_settings().otlp_endpoint)  # per pool process: after fork
     handle = pipeline().processor
     log.info("decode process ready (image processor %s)", handle.processor_id)  # tests wait for this
+
+
+@worker_process_init.connect
+def _sigterm_ends_waits(**_: object) -> None:
+    stop_signal.mark_pool_child()  # prefork children only: worker_process_init is not sent elsewhere
 
 
 @worker_ready.connect
@@ -118,6 +123,10 @@ def _decode_claimed(task: Any, task_started: float, claims_due: bool) -> None:
         log.warning("task %s: a claimed job met a Redis error (%s): it goes back to the queue", task_id, exc)
         with contextlib.suppress(redis.RedisError):
             claims().give_back(task_id, queue)
+    except stop_signal.WaitStopped:  # SIGTERM: what the wait may have moved goes back; the task ends
+        log.info("task %s: stopped waiting for jobs (SIGTERM)", task_id)
+        with contextlib.suppress(redis.RedisError):
+            claims().give_back(task_id, queue)
     except (redis.RedisError, SoftTimeLimitExceeded) as exc:
         log.warning("task %s: claims stopped (%s); a kept claim returns through the sweeper", task_id, exc)
 
@@ -133,7 +142,7 @@ def _claim_loop(task: Any, queue: str, linger: float, task_started: float, limit
         taken += 1
         if claim.job_id is not None:
             _decode_job(task, claim.job_id, claimed=True)
-        if taken == limit or time.time() - task_started > CLAIM_BUDGET_S:
+        if taken == limit or time.time() - task_started > CLAIM_BUDGET_S or stop_signal.stopping():
             claims().release(task_id, queue, claim)
             return
         claim = claims().next(task_id, queue, claim, arm)  # ends this claim (its job is done)
@@ -145,7 +154,8 @@ def _wait_for_job(task_id: str, queue: str, linger: float, task_started: float) 
     if timeout < MIN_WAIT_S:  # too little left to wait for (BLMOVE's 0 would wait forever)
         claims().release(task_id, queue, Claim("armed"))
         return Claim("released")
-    return claims().wait(task_id, queue, timeout)
+    with stop_signal.interruptible():
+        return claims().wait(task_id, queue, timeout)
 
 
 def _decode(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:

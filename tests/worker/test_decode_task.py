@@ -329,3 +329,27 @@ def test_a_task_waits_for_the_next_job_and_takes_it(decode_stack: ServiceStack) 
     later = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=63))
     assert settled(decode_stack, later) is JobStatus.WAITING
     assert decoded_by(decode_stack, later) not in ("", task)
+
+
+def test_sigterm_ends_a_tasks_wait_not_its_child(decode_stack: ServiceStack) -> None:
+    """SIGTERM to every process of the worker (``make up``'s stop, systemd) reaches a child whose task
+    waits for a job: the wait ends and the task returns (no WorkerLostError, no message requeued),
+    the child lives on for the main process's shutdown and claims no more. Last in this module: its
+    child stays that way."""
+    decode_stack.no_decode_task_waiting()
+    job_id = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=70))
+    assert settled(decode_stack, job_id) is JobStatus.WAITING
+    task = decoded_by(decode_stack, job_id)
+    claim_key = decode_stack.keys.decode_claim(task)
+    wait_for(lambda: decode_stack.redis.type(claim_key) == b"list", 10, what="the task waiting for a job")
+    [child] = decode_stack.children("decode")
+    seen = len(decode_stack.procs["decode"].log())
+    os.kill(child, signal.SIGTERM)
+    wait_for(lambda: not decode_stack.redis.exists(claim_key), 10, what="the wait ended")
+    wait_for(lambda: "stopped waiting for jobs (SIGTERM)" in decode_stack.procs["decode"].log()[seen:], 10)
+    later = submit(decode_stack, J.image_bytes("JPEG", (90, 70), seed=71))
+    assert settled(decode_stack, later) is JobStatus.WAITING
+    assert decoded_by(decode_stack, later) not in ("", task)  # a task of its own, on the same child
+    assert decode_stack.children("decode") == [child]
+    assert "WorkerLostError" not in decode_stack.procs["decode"].log()[seen:]
+    assert not list(decode_stack.redis.scan_iter(decode_stack.keys.decode_claim("*")))  # no more waits
