@@ -46,7 +46,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,9 @@ from shared.metrics_hash import series
 CLAIMED_SERIES = series("decode_claimed_jobs_total")  # vlmq_decode_claimed_jobs_total on /metrics
 
 log = logging.getLogger(__name__)
+ReadJob = Callable[
+    [Any, str], None
+]  # queues a job's first read on a pipeline (``DecodePipeline.queue_read``)
 
 # KEYS: the task's claim key, the list of the queue it came from, the metrics counters hash, a list
 # whose messages stop a task from arming (the batch queue of a worker that also serves it; else the
@@ -170,6 +173,7 @@ class Claim:
     outcome: str
     message: bytes = b""
     job_id: str | None = None
+    read: list[Any] | None = None  # what ``wait``'s ``read_job`` queued, sent with the vet
 
 
 class DecodeClaims:
@@ -205,15 +209,25 @@ class DecodeClaims:
         """Ends the claim ``done`` (its job is done) and claims the oldest waiting message."""
         return self._call(task_id, queue, "next", done.message, arm)
 
-    def wait(self, task_id: str, queue: str, timeout_s: float) -> Claim:
+    def wait(self, task_id: str, queue: str, timeout_s: float, read_job: ReadJob | None = None) -> Claim:
         """After an ``armed`` answer: the queue's next message, waited for up to ``timeout_s`` (one
         ``BLMOVE`` into the armed claim, so it is the task's the moment it leaves the queue), kept if
-        a claim may run it. Nothing came: the armed claim is ended (``released``)."""
+        a claim may run it. Nothing came: the armed claim is ended (``released``). ``read_job``
+        queues the commands of the moved job's first read on the vet's pipeline (one round trip for
+        both); their replies are the claim's ``read`` where the vet kept that job."""
         claim_key = self.keys.decode_claim(task_id)
-        self.r.blmove(self.keys.decode_queue(queue), claim_key, timeout_s, "RIGHT", "LEFT")
-        # the claim list tells what came, not the reply: a BLMOVE re-sent after a lost reply may
-        # time out although the first one moved a message
-        return self._call(task_id, queue, "vet")
+        moved = self.r.blmove(self.keys.decode_queue(queue), claim_key, timeout_s, "RIGHT", "LEFT")
+        # the vet whatever the reply: a BLMOVE re-sent after a lost reply may time out although the
+        # first one moved a message (the claim list tells what came)
+        pipe = self.r.pipeline(transaction=False)
+        keys, args = self._script_call(task_id, queue, "vet")
+        pipe.eval(CLAIM_LUA, len(keys), *keys, *args)  # EVAL: no SCRIPT EXISTS round trip (pipe_script)
+        job_id = job_of(moved) if moved is not None and read_job is not None else None
+        if job_id is not None and read_job is not None:
+            read_job(pipe, job_id)
+        reply, *read = pipe.execute()
+        claim = self._answer(task_id, reply)
+        return Claim(claim.outcome, claim.message, claim.job_id, read) if job_id == claim.job_id else claim
 
     def release(self, task_id: str, queue: str, done: Claim) -> None:
         """Ends the claim ``done`` without taking another."""
@@ -224,6 +238,12 @@ class DecodeClaims:
         return self._call(task_id, queue, "return")
 
     def _call(self, task_id: str, queue: str, mode: str, message: bytes = b"", arm: bool = False) -> Claim:
+        keys, args = self._script_call(task_id, queue, mode, message, arm)
+        return self._answer(task_id, self._script(keys=keys, args=args))
+
+    def _script_call(
+        self, task_id: str, queue: str, mode: str, message: bytes = b"", arm: bool = False
+    ) -> tuple[list[str], list[Any]]:
         at = self.queues.index(queue) if queue in self.queues else len(self.queues)
         later = [q for q in self.queues[at + 1 :] if q in self.served]
         keys = [
@@ -234,8 +254,10 @@ class DecodeClaims:
             *(self.keys.decode_queue(q) for q in self.queues[:at]),
         ]
         prefix = self.keys.decode_claim("")
-        args = [mode, self.task_name, self.ttl_s, prefix, CLAIMED_SERIES, message, "1" if arm else "0"]
-        reply = self._script(keys=keys, args=args)
+        return keys, [mode, self.task_name, self.ttl_s, prefix, CLAIMED_SERIES, message, "1" if arm else "0"]
+
+    @staticmethod
+    def _answer(task_id: str, reply: Any) -> Claim:
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if outcome == "returned":
             log.warning("task %s: its claimed job goes back to the queue, unfinished", task_id)

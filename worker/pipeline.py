@@ -62,15 +62,22 @@ class DecodePipeline:
         self.processor = processor
         self._finish = client.register_script(FINISH_LUA)
 
-    def run(self, job_id: str, task_id: str = "") -> DecodeOutcome:
+    def queue_read(self, pipe: Any, job_id: str) -> None:
+        """The job's first read (its hash, its cancel flag), queued on ``pipe``."""
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.exists(self.keys.job_cancel(job_id))
+
+    def run(self, job_id: str, task_id: str = "", read: list[Any] | None = None) -> DecodeOutcome:
         """Three round trips around the decode: read the job, start decoding (+ fetch the image
         bytes), hand over (+ store the job's pixels). ``task_id``: the decode task running it (its own
-        or one that claimed it, ``worker.claims``), kept in the job hash as ``decode_task``."""
+        or one that claimed it, ``worker.claims``), kept in the job hash as ``decode_task``. ``read``:
+        the replies of ``queue_read``, where they came with the claim (one round trip less)."""
         key = self.keys.job(job_id)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(key)
-        pipe.exists(self.keys.job_cancel(job_id))
-        raw, cancelled = pipe.execute()
+        if read is None:
+            pipe = self.r.pipeline(transaction=False)
+            self.queue_read(pipe, job_id)
+            read = pipe.execute()
+        raw, cancelled = read
         if not raw:
             return DecodeOutcome("missing", "job record not found (expired?)")
         job = JobRecord.from_hash(raw)

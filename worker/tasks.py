@@ -92,10 +92,12 @@ def decode(self, job_id: str) -> str:
     return outcome.status
 
 
-def _decode_job(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:
+def _decode_job(
+    task: Any, job_id: str, claimed: bool = False, read: list[Any] | None = None
+) -> DecodeOutcome:
     started = time.time()
     with log_context.job(job_id):
-        outcome = _decode(task, job_id, claimed)
+        outcome = _decode(task, job_id, claimed, read)
     decode_spans.record(pipeline().r, pipeline().keys, job_id, started, outcome.status, outcome.detail)
     return outcome
 
@@ -141,7 +143,7 @@ def _claim_loop(task: Any, queue: str, linger: float, task_started: float, limit
             return
         taken += 1
         if claim.job_id is not None:
-            _decode_job(task, claim.job_id, claimed=True)
+            _decode_job(task, claim.job_id, claimed=True, read=claim.read)
         if taken == limit or time.time() - task_started > CLAIM_BUDGET_S or stop_signal.stopping():
             claims().release(task_id, queue, claim)
             return
@@ -155,12 +157,12 @@ def _wait_for_job(task_id: str, queue: str, linger: float, task_started: float) 
         claims().release(task_id, queue, Claim("armed"))
         return Claim("released")
     with stop_signal.interruptible():
-        return claims().wait(task_id, queue, timeout)
+        return claims().wait(task_id, queue, timeout, pipeline().queue_read)
 
 
-def _decode(task: Any, job_id: str, claimed: bool = False) -> DecodeOutcome:
+def _decode(task: Any, job_id: str, claimed: bool = False, read: list[Any] | None = None) -> DecodeOutcome:
     try:
-        outcome = pipeline().run(job_id, task.request.id)
+        outcome = pipeline().run(job_id, task.request.id, read)
     except SoftTimeLimitExceeded:  # never leave the job "decoding": fail it with a reason
         outcome = pipeline().fail(job_id, "image decoding took too long", ErrorCode.BAD_IMAGE)
     except redis.RedisError as exc:  # Redis restarting: try again shortly, the job is intact

@@ -300,3 +300,29 @@ def test_claiming_a_dead_tasks_message_ends_its_armed_claim(
     assert taken.job_id == "t-own-job" and not redis_client.exists(keys.decode_claim("t"))
     claims.release("u", DECODE_QUEUE, taken)
     assert not redis_client.exists(keys.decode_claim("u"), keys.decode_queue())
+
+
+def test_a_wait_reads_the_job_it_took_in_the_vets_round_trip(
+    redis_client: redis.Redis, keys: Keys, tasks: DecodeTasks
+) -> None:
+    """The moved job's first read rides on the vet's pipeline, its replies handed over with the
+    claim; where the vet kept another job (a BLMOVE re-sent after a lost reply), no read is given."""
+    claims = claims_of(redis_client, keys)
+    probe = f"{keys.prefix}:probe:"
+    redis_client.set(probe + "arrived", b"its record")
+
+    def read_job(pipe: redis.client.Pipeline, job_id: str) -> None:
+        pipe.get(probe + job_id)
+
+    assert claims.first("t", DECODE_QUEUE, arm=True).outcome == "armed"
+    pusher = threading.Timer(0.2, enqueue, (redis_client, tasks, "arrived"))
+    pusher.start()
+    taken = claims.wait("t", DECODE_QUEUE, timeout_s=5, read_job=read_job)
+    pusher.join()
+    assert (taken.job_id, taken.read) == ("arrived", [b"its record"])
+    assert claims.next("t", DECODE_QUEUE, taken, arm=True).outcome == "armed"
+    enqueue(redis_client, tasks, "oldest", "second")
+    assert redis_client.blmove(keys.decode_queue(), keys.decode_claim("t"), 1, "RIGHT", "LEFT")  # reply lost
+    taken = claims.wait("t", DECODE_QUEUE, timeout_s=1, read_job=read_job)  # moves "second"
+    assert (taken.job_id, taken.read) == ("oldest", None)
+    redis_client.delete(probe + "arrived")
