@@ -259,7 +259,7 @@ class DecodeWorkerSettings(CommonSettings):
         le=5.0,
         description="How long a task from the interactive queue waits, after its last job, for the next "
         "one (a BLMOVE of the queue into its claim: worker/claims.py), taking it without Celery's dispatch "
-        "(one client: the queue hop 5.5 -> 3.4 ms with task events on, as under make up; 3.1 -> 2.9 ms off). "
+        "(one client: the queue hop 5.5 -> 3.0 ms with task events on, as under make up; 3.6 -> 2.5 ms off). "
         "Bounded by the claims' limits "
         "(VLMQ_DECODE_CLAIM_MAX jobs, 5 s a task). While every child waits, the worker fetches nothing "
         "else: batch jobs wait up to that long. 0: off",
