@@ -227,7 +227,9 @@ class DecodeClaims:
             read_job(pipe, job_id)
         reply, *read = pipe.execute()
         claim = self._answer(task_id, reply)
-        return Claim(claim.outcome, claim.message, claim.job_id, read) if job_id == claim.job_id else claim
+        if job_id is None or claim.job_id != job_id:  # nothing read, or the vet kept another job
+            return claim
+        return Claim(claim.outcome, claim.message, claim.job_id, read)
 
     def release(self, task_id: str, queue: str, done: Claim) -> None:
         """Ends the claim ``done`` without taking another."""
