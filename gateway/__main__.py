@@ -20,12 +20,14 @@ import uvicorn
 
 from gateway.app import create_app, create_metrics_app
 from shared.config import get_gateway_settings
+from shared.heap import freeze_startup_heap
 
 
 def main() -> None:
     settings = get_gateway_settings()
     app = create_app(settings)
     api = uvicorn.Server(_config(app, settings.host, settings.port, settings.log_level))
+    freeze_startup_heap("gateway", settings.gc_freeze)  # the imports: not the app's requests
     if settings.metrics_port is None:
         api.run()
         return

@@ -20,6 +20,7 @@ from services.vlm.image_processor import ImageProcessorHandle
 from shared import log_context, tracing
 from shared.config import get_decode_worker_settings
 from shared.decode_task import DECODE_TASK, QUEUES
+from shared.heap import freeze_startup_heap
 from shared.redis_clients import sync_client
 from shared.schemas import ErrorCode
 from worker import decode_spans, stop_signal
@@ -52,6 +53,7 @@ def pipeline() -> DecodePipeline:
 def _warm_up(**_: object) -> None:
     tracing.setup("decode", get_decode_worker_settings().otlp_endpoint)  # per pool process: after fork
     handle = pipeline().processor
+    freeze_startup_heap("decode process", get_decode_worker_settings().gc_freeze)
     log.info("decode process ready (image processor %s)", handle.processor_id)  # tests wait for this
 
 
@@ -62,9 +64,12 @@ def _sigterm_ends_waits(**_: object) -> None:
 
 @worker_ready.connect
 def _warm_up_threads(**_: object) -> None:
-    """The threads pool forks no children (no ``worker_process_init``): its one process warms up here."""
+    """The threads pool forks no children (no ``worker_process_init``): its one process warms up here.
+    A prefork main process only fetches and dispatches: its heap is frozen as it stands."""
     if get_decode_worker_settings().decode_pool == "threads":
         _warm_up()
+    else:
+        freeze_startup_heap("decode main process", get_decode_worker_settings().gc_freeze)
 
 
 class ClaimInterrupted(Exception):
