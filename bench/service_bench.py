@@ -43,6 +43,7 @@ from bench.resources import Meter, Reading, cost, memory_by_kind
 from bench.service_report import HOPS, markdown
 from bench.service_workload import MAX_TOKENS, BenchRequest, Sample, make_requests, pct, summarize
 from scripts.redis_launcher import free_port, start_redis
+from shared.heap import freeze_startup_heap
 from tests.support.models import test_model_path
 from tests.support.stack import ALL, ServiceStack
 
@@ -272,6 +273,7 @@ async def paired_overhead(
     alone: list[tuple[float, str]] = []
     try:
         await asyncio.to_thread(engine.run, warm)  # dropped; a picture no pair shows (image cache)
+        freeze_startup_heap("bench")  # the engine alone runs as the inference worker does: frozen
         for i, req in enumerate(requests):
             if i % 2 == 0:
                 alone.append(await asyncio.to_thread(engine.run, req))
@@ -364,6 +366,7 @@ async def measured_run(
 ) -> tuple[list[Sample], dict[str, Any]]:
     """One run with its cost: readings before and after (the engine's counters written after it);
     ``profile``: py-spy records every stack process into that folder meanwhile."""
+    freeze_startup_heap("bench")  # this process is the load generator: no full-collection stalls
     before = await asyncio.to_thread(meter.read)
     with Profiler(profile, meter.groups) if profile else contextlib.nullcontext():
         samples, wall = await run_mode(mode, stack, peer, stack.settings.model_name, model, requests, c)
