@@ -32,6 +32,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 HEALTH_CHECK_S = 30
+# redis-py's Retry also retries timeouts by default; ours retry a command after a connection error only
+RETRY_ON = (redis.ConnectionError,)
 MASTER_CHECK_S = 0.5  # how stale a pool's idea of the master may get
 SENTINEL_TIMEOUT_S = 2.0  # one unreachable sentinel must not hold a connect up for long
 
@@ -92,8 +94,8 @@ def sync_client(
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": connect_timeout,
         "health_check_interval": HEALTH_CHECK_S,
-        "retry": Retry(NoBackoff(), 1),
-        "retry_on_error": [redis.ConnectionError],
+        "retry": Retry(NoBackoff(), 1, supported_errors=RETRY_ON),
+        "retry_on_error": list(RETRY_ON),
     }
     parsed = parse_sentinel_url(url)
     if parsed is None:
@@ -116,8 +118,8 @@ def async_pool(
         "socket_connect_timeout": 2.0,
         "socket_timeout": socket_timeout,
         "health_check_interval": HEALTH_CHECK_S,
-        "retry": AsyncRetry(NoBackoff(), 1),
-        "retry_on_error": [redis.ConnectionError],
+        "retry": AsyncRetry(NoBackoff(), 1, supported_errors=RETRY_ON),
+        "retry_on_error": list(RETRY_ON),
     }
     parsed = parse_sentinel_url(url)
     if parsed is None:
