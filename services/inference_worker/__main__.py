@@ -65,9 +65,8 @@ def main() -> int:
     engine.start()
     engine.prewarm()
     warm_up(engine, pixels, settings.warmup_requests)
-    freeze_startup_heap(
-        "inference worker", settings.gc_freeze
-    )  # before the first job: no ~190 ms full collections
+    # before the first job: its full collections no longer walk the ~425k startup objects (~190 ms)
+    freeze_startup_heap("inference worker", settings.gc_freeze)
     worker.run()
     return 0 if engine.healthy else EXIT_ENGINE_UNHEALTHY
 
