@@ -2,10 +2,12 @@
 
 A worker process that imported torch and transformers tracks ~425k objects that live as long as it
 does (modules, classes, the model's parameters and buffers); the gateway ~94k. Every full collection
-walks all of them with the GIL held: ~190 ms in the inference worker, where it came every ~10 s at 32
-clients and stalled every running request (bench/README.md, issue 18). ``gc.freeze`` moves them to a generation
-the collector never walks; collections then cost what the requests in flight allocate. Objects
-frozen here are still freed when their last reference goes; only cycles among them would stay.
+walks all of them with the GIL held: ~190 ms in the inference worker, where it came every ~10 s at
+32 clients and stalled every running request (bench/README.md, issue 18). ``gc.freeze`` moves them
+to a generation the collector never walks; collections then cost what the requests in flight
+allocate. Objects frozen here are still freed when their last reference goes; a cycle among them
+(and whatever it holds) would stay: a one-time loss (~10-30 objects a process measured), not one
+that grows.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 After a Redis restart every pooled connection is dead; without a retry the first command on
 each fails. Each command is therefore retried once, on a fresh connection, after a connection
-error (never after a timeout: a slow command is not sent twice). A Redis that stays down still
-fails fast, and the gateway answers 503.
+error (never after a timeout: a slow command is not sent twice; nor after a connect that timed
+out, which the callers' own error handling takes, as for a Redis that is down). A Redis that
+stays down still fails fast, and the gateway answers 503.
 
 Sentinel (``VLMQ_REDIS_URL=sentinel://h1:26379;sentinel://h2:26379``, Celery's form): a fresh
 connection asks the sentinels for the current master, so the retry above reaches a promoted

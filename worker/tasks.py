@@ -71,9 +71,10 @@ def _warm_up_threads(**_: object) -> None:
 
 @celeryd_after_setup.connect
 def _freeze_before_fork(**_: object) -> None:
-    """The main process's heap, frozen before the pool forks (logging is set up by then): a child's
-    own collections (the one before its freeze too) then never walk, and so never copy, the pages it
-    shares with its parent (~100 MB of private memory a child, bench/README.md)."""
+    """The main process's heap, frozen before a prefork pool forks (logging is set up by then): a
+    child's own collections (the one before its freeze too) then never walk, and so never copy, the
+    pages it shares with its parent (~100 MB of private memory a child, bench/README.md). The threads
+    pool's one process freezes again once warmed up (``_warm_up``)."""
     freeze_startup_heap("decode main process", get_decode_worker_settings().gc_freeze)
 
 
