@@ -5,6 +5,8 @@ Then ``python -m bench.service_bench --model OUT`` measures the pipeline on a mo
 not ~4 CPU-ms a request (bench/README.md). The folder holds the bundled model's tokenizer, chat
 template and image processor beside the new weights. Random weights end answers at random tokens,
 so answers compared with ``transformers serve`` may differ at near-ties (as ``bench.gpu_bench`` says).
+``bench.gpu_bench.build_checkpoint`` is the GPU bench's own (a ~0.85B model whose answers never end
+early); this one keeps the engine bench's model and the bundled processor as they are.
 """
 
 from __future__ import annotations
