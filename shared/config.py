@@ -304,11 +304,12 @@ class InferenceSettings(CommonSettings):
     prefix_cache_mb: int = Field(64, description="Prefix cache bound")
     session_cache_mb: int = Field(512, description="Session cache bound")
     image_cache_mb: int = Field(256, description="Image-embedding cache bound")
-    image_input_cache_mb: int = Field(
+    image_input_cache_mb: float = Field(
         128,
         ge=0,
-        description="Decoded images (the engine's inputs) kept by digest, so a follow-up or a picture sent "
-        "before needs no decode hop; 0: none (while such a worker runs, every job with images is decoded)",
+        description="Decoded images kept by digest as the decode workers ship them (the resized uint8 "
+        "picture: 85 KB at the bundled model's 168 px), so a follow-up or a picture sent before needs no "
+        "decode hop; 0: none (while such a worker runs, every job with images is decoded)",
     )
     worker_id: str | None = Field(None, description="Consumer name in the group; default host-pid")
     heartbeat_s: float = Field(2.0, description="Heartbeat period (and stats publication)")

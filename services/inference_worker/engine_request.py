@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from services.engine.api import GenerationRequest, ImageInput, SamplingParams, StructuredOutput
+from services.inference_worker.image_inputs import Wire
 from services.vlm.image_processor import ImageProcessorHandle
 from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 from shared.tensors import TensorCodecError, unpack_images
@@ -74,18 +75,29 @@ def pixels_input(handle: ImageProcessorHandle, payload: bytes, digest: str) -> I
 
 
 def pixels_inputs(handle: ImageProcessorHandle, payload: bytes, digests: list[str]) -> dict[str, ImageInput]:
+    """A job's pixels as the decode worker stored them -> ImageInput by digest."""
+    return wire_inputs(handle, unpack_wires(handle, payload, digests))
+
+
+def unpack_wires(handle: ImageProcessorHandle, payload: bytes, digests: list[str]) -> dict[str, Wire]:
     """A job's pixels as the decode worker stored them (``shared.tensors.pack_images``: its images
-    in ``spec.image_digests()`` order) -> ImageInput by digest: the processor's steps after its
-    resize run here (``ImageProcessorHandle.from_wire``). Raises TensorCodecError for a payload it
-    cannot read, one made by another processor config, or one with another number of images."""
+    in ``spec.image_digests()`` order) -> each image's wire tensors by digest. Raises
+    TensorCodecError for a payload it cannot read, one made by another processor config, or one
+    with another number of images."""
     made_by, images = unpack_images(payload)
     if made_by != handle.processor_id:
         mine = handle.processor_id
         raise TensorCodecError(f"pixels made by image processor {made_by}, this worker's is {mine}")
     if len(images) != len(digests):
         raise TensorCodecError(f"pixels of {len(images)} images for a job that shows {len(digests)}")
+    return dict(zip(digests, images, strict=True))
+
+
+def wire_inputs(handle: ImageProcessorHandle, wires: dict[str, Wire]) -> dict[str, ImageInput]:
+    """Wire tensors by digest -> ImageInput by digest: the processor's steps after its resize run
+    here (``ImageProcessorHandle.from_wire``). TensorCodecError when one is unreadable."""
     try:
-        return {d: image_input(handle.from_wire(t), d) for d, t in zip(digests, images, strict=True)}
+        return {d: image_input(handle.from_wire(t), d) for d, t in wires.items()}
     except (ValueError, KeyError) as exc:
         raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
 

@@ -5,7 +5,7 @@ their tensor of its one image)."""
 from __future__ import annotations
 
 from services.engine.api import ImageInput
-from services.inference_worker.engine_request import needs_image, pixels_inputs
+from services.inference_worker.engine_request import needs_image, unpack_wires, wire_inputs
 from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded
 from services.inference_worker.job_store import JobStore
 from services.vlm.image_processor import ImageProcessorHandle
@@ -22,7 +22,7 @@ def job_images(
 ) -> dict[str, ImageInput]:
     """The job's images by digest. ``skipped``: handed over without pixels (PixelsNeeded when they
     are not all held); LookupError when they are gone, TensorCodecError when unreadable. Images
-    made from pixels are kept in ``held`` for later turns (jobs with caches on only)."""
+    made from pixels are kept in ``held``, as shipped, for later turns (jobs with caches on only)."""
     digests = spec.image_digests()
     if not needs_image(spec):
         return {}
@@ -30,24 +30,23 @@ def job_images(
         raise LookupError("the conversation refers to an image but the job has none")
     found = held.get_all(digests) if spec.use_cache else None
     if found is not None:
-        return found
+        return wire_inputs(processor, found)
     if skipped and pixels is None:
         raise PixelsNeeded(f"{len(digests)} image(s), not all held here")
-    images = _decoded(store, processor, spec.image_digest, digests, pixels)
-    if spec.use_cache and pixels is not None:  # a previous release's float16 tensor: not kept
-        held.put_all(images)
+    if pixels is None:
+        return _legacy(store, processor, spec.image_digest, digests)
+    wires = unpack_wires(processor, pixels, digests)
+    images = wire_inputs(processor, wires)
+    if spec.use_cache:
+        held.put_all(wires)
     return images
 
 
-def _decoded(
-    store: JobStore,
-    processor: ImageProcessorHandle,
-    legacy: str | None,
-    digests: list[str],
-    pixels: bytes | None,
+def _legacy(
+    store: JobStore, processor: ImageProcessorHandle, legacy: str | None, digests: list[str]
 ) -> dict[str, ImageInput]:
-    if pixels is None and legacy is not None and digests == [legacy]:
+    """A job without pixels of its own: a previous release's float16 tensor of its one image (never
+    kept), else LookupError."""
+    if legacy is not None and digests == [legacy]:
         return {legacy: store.legacy_image(legacy, processor.processor_id)}
-    if pixels is None:
-        raise LookupError("the job's decoded images are gone; submit the images again")
-    return pixels_inputs(processor, pixels, digests)
+    raise LookupError("the job's decoded images are gone; submit the images again")

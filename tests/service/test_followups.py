@@ -162,7 +162,7 @@ async def test_a_worker_that_keeps_no_images_gets_every_job_decoded(
     assert "decode_started_at" in record(stack, view["id"])[1]
 
 
-ONE_PICTURE_MB = "1"  # the bundled model's decoded picture is ~0.66 MB: the cache holds one
+ONE_PICTURE_MB = "0.1"  # the bundled model's picture is kept as 168 x 168 x 3 bytes (85 KB): it holds one
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,15 @@ from typing import Any
 
 import torch
 
-from services.engine.api import ImageInput
-from services.inference_worker.image_inputs import ImageInputCache, input_bytes
+from services.inference_worker.image_inputs import ImageInputCache, Wire, wire_bytes
 from services.inference_worker.input_owners import InputOwners
 from shared.keys import Keys
 from shared.schemas import ChatTurn, JobSpec
 
 
-def image(digest: str) -> ImageInput:
-    return ImageInput(pixel_values=torch.rand(4, 8), image_grid_thw=torch.tensor([[1, 2, 2]]), digest=digest)
+def image(digest: str) -> Wire:
+    """A picture as a decode worker ships it (``digest`` only names it in the tests' dicts)."""
+    return {"pixels": torch.zeros(3, 4, 4, dtype=torch.uint8)}
 
 
 def spec(*digests: str, tenant: str | None = None, use_cache: bool = True) -> JobSpec:
@@ -43,7 +43,7 @@ def record(r: Any, owners: InputOwners, job: JobSpec) -> None:
 
 def test_records_follow_what_the_cache_holds(redis_client: Any, keys: Keys) -> None:
     r = redis_client
-    cache = ImageInputCache(max_bytes=2 * input_bytes(image("x")))
+    cache = ImageInputCache(max_bytes=2 * wire_bytes(image("x")))
     owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
     cache.put_all({"a": image("a"), "b": image("b")})
     record(r, owners, spec("a", "b"))
@@ -69,7 +69,7 @@ def test_a_tenants_pictures_are_recorded_for_that_tenant_unless_results_are_shar
     redis_client: Any, keys: Keys
 ) -> None:
     r = redis_client
-    cache = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    cache = ImageInputCache(max_bytes=4 * wire_bytes(image("x")))
     cache.put_all({"a": image("a")})
     record(r, InputOwners(keys, "w-1", cache, shared=False, ttl_s=60), spec("a", tenant="acme"))
     assert r.get(keys.image_input_owner("acme", "a")) == b"w-1" and not r.exists(
@@ -81,7 +81,7 @@ def test_a_tenants_pictures_are_recorded_for_that_tenant_unless_results_are_shar
 
 def test_nothing_is_recorded_without_the_cache_or_for_uncached_jobs(redis_client: Any, keys: Keys) -> None:
     r = redis_client
-    held = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    held = ImageInputCache(max_bytes=4 * wire_bytes(image("x")))
     held.put_all({"a": image("a")})
     record(r, InputOwners(keys, "w-1", held, shared=False, ttl_s=60), spec("a", use_cache=False))
     record(r, InputOwners(keys, "w-1", ImageInputCache(max_bytes=0), shared=False, ttl_s=60), spec("a"))
@@ -94,7 +94,7 @@ def test_an_evicted_pictures_record_goes_even_when_the_first_multi_is_lost(
     """The writer builds a MULTI anew when a connection error lost it: the deletion is queued again
     until a MULTI with it went through (``written``), and not after."""
     r = redis_client
-    cache = ImageInputCache(max_bytes=input_bytes(image("x")))
+    cache = ImageInputCache(max_bytes=wire_bytes(image("x")))
     owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
     cache.put_all({"a": image("a")})
     record(r, owners, spec("a"))
@@ -114,7 +114,7 @@ def test_a_job_handed_over_for_pictures_not_held_takes_their_records_with_it(
     redis_client: Any, keys: Keys
 ) -> None:
     r = redis_client
-    cache = ImageInputCache(max_bytes=4 * input_bytes(image("x")))
+    cache = ImageInputCache(max_bytes=4 * wire_bytes(image("x")))
     owners = InputOwners(keys, "w-1", cache, shared=False, ttl_s=60)
     cache.put_all({"a": image("a")})
     r.mset({keys.image_input_owner("acme", "a"): "w-1", keys.image_input_owner("acme", "b"): "w-1"})
