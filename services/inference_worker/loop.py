@@ -62,7 +62,8 @@ class InferenceWorker:
         self.r: Any = client  # redis-py's return types are unions; the shapes are known here
         self.keys = settings.keys
         self.pixels = pixels  # the engine's image processor: finishes the decode workers' pixels
-        self.image_inputs = ImageInputCache(int(settings.image_input_cache_mb * 2**20))  # turns without pixels
+        # turns without pixels
+        self.image_inputs = ImageInputCache(int(settings.image_input_cache_mb * 2**20))
         self.worker_id = settings.worker_id or default_worker_id()
         self.input_owners = InputOwners(
             self.keys, self.worker_id, self.image_inputs, settings.result_cache_shared, settings.image_ttl_s
