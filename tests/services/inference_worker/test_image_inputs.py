@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from services.inference_worker.engine_request import pixels_input
 from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded, Wire, wire_bytes
 from services.inference_worker.job_images import job_images
 from services.inference_worker.job_store import JobStore
@@ -17,7 +18,6 @@ from shared.keys import Keys
 from shared.tensors import pack_image
 from tests.support import models
 from tests.support.jobs import image_bytes, make_spec
-from tests.support.reference import decoded_image
 from worker.imaging import decode_image
 
 
@@ -78,8 +78,8 @@ def test_a_held_picture_is_kept_as_shipped_and_gives_fresh_pixels_input(
     handle = ImageProcessorHandle.load(models.test_model_path())
     data = image_bytes("JPEG", (333, 222), seed=5)
     digest = "d" * 64
-    fresh = decoded_image(handle, data, digest)
     payload = pack_image(handle.processor_id, handle.wire(decode_image(data, 10**8, handle.target_pixels)))
+    fresh = pixels_input(handle, payload, digest)  # what a job with these pixels gets
     held, store = ImageInputCache(max_bytes=2**20), JobStore(redis_client, keys, 3600, 900)
     first = job_images(held, store, handle, make_spec(digest=digest), payload, skipped=False)[digest]
     assert torch.equal(first.pixel_values, fresh.pixel_values)
