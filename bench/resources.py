@@ -1,11 +1,14 @@
-"""What a benchmark run costs the machine: CPU seconds per process kind, Redis memory per job, and
-the engine's own counters (model-forward CPU, batch sizes) from the inference worker's heartbeat.
+"""What a benchmark run costs the machine: CPU seconds and minor page faults per process kind, Redis
+memory per job, and the engine's own counters (model-forward CPU, batch sizes) from the inference
+worker's heartbeat.
 
-CPU comes from ``/proc/<pid>/stat`` (user + system) of every process in a component's process
-group (the Celery main process and its pool children together), Redis's from ``INFO cpu`` (its
-own CPU, children included), the load generator's from ``getrusage`` of the bench process itself
-(every thread). Readings are taken before and after a run; the difference divided by the run's
-requests is CPU-milliseconds per request.
+CPU and faults come from ``/proc/<pid>/stat`` (user + system; ``minflt``) of every process in a
+component's process group (the Celery main process and its pool children together), Redis's CPU
+from ``INFO cpu`` (its own CPU, children included), the load generator's from ``getrusage`` of the
+bench process itself (every thread). Readings are taken before and after a run; the difference
+divided by the run's requests is CPU-milliseconds (faults) per request. Minor faults count first
+touches of fresh memory: a process whose caches or heap still grow pays them on each request's
+path (the inference worker's decoded-image cache did, 164 a request, until it kept uint8 pictures).
 """
 
 from __future__ import annotations
@@ -23,31 +26,34 @@ from shared import workers
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads); 0 when it is gone."""
+def process_usage(pid: int) -> tuple[float, int]:
+    """User + system CPU seconds and minor page faults of one process (all its threads); zeros when
+    it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+        return 0.0, 0
+    # minflt, utime, stime: fields 10, 14, 15 of proc(5); here counted from the state (field 3)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[7])
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds of every live process in the process group ``pgid``."""
-    total = 0.0
+def group_usage(pgid: int) -> tuple[float, int]:
+    """CPU seconds and minor page faults of every live process in the process group ``pgid``."""
+    cpu, faults = 0.0, 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if os.getpgid(int(entry.name)) == pgid:
-                    total += process_cpu_s(int(entry.name))
+                    one_cpu, one_faults = process_usage(int(entry.name))
+                    cpu, faults = cpu + one_cpu, faults + one_faults
             except OSError:
                 continue
-    return total
+    return cpu, faults
 
 
-def own_cpu_s() -> float:
+def own_usage() -> tuple[float, int]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime, usage.ru_minflt
 
 
 def redis_cpu_s(client: Any) -> float:
@@ -57,11 +63,13 @@ def redis_cpu_s(client: Any) -> float:
 
 @dataclass
 class Reading:
-    """One instant: CPU seconds per process kind, Redis ``used_memory``, the engines' counters."""
+    """One instant: CPU seconds and minor faults per process kind (no faults for Redis: not a
+    process of the stack's groups), Redis ``used_memory``, the engines' counters."""
 
     cpu_s: dict[str, float]
     used_memory: int
     engine: dict[str, Any] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=dict)
 
 
 class Meter:
@@ -74,12 +82,15 @@ class Meter:
         """``fresh_after``: wait (up to 5 s) for heartbeats written after that time (their counters
         then cover everything the engines did before it)."""
         engine = self.engine_counters(fresh_after)
-        cpu = {kind: 0.0 for kind in {name.split("-")[0] for name in self.groups}}
+        kinds = {name.split("-")[0] for name in self.groups}
+        cpu, faults = dict.fromkeys(kinds, 0.0), dict.fromkeys(kinds, 0)
         for name, pgid in self.groups.items():
-            cpu[name.split("-")[0]] += group_cpu_s(pgid)
+            group_cpu, group_faults = group_usage(pgid)
+            cpu[name.split("-")[0]] += group_cpu
+            faults[name.split("-")[0]] += group_faults
         cpu["redis"] = redis_cpu_s(self.client)
-        cpu["loadgen"] = own_cpu_s()
-        return Reading(cpu, int(self.client.info("memory")["used_memory"]), engine)
+        cpu["loadgen"], faults["loadgen"] = own_usage()
+        return Reading(cpu, int(self.client.info("memory")["used_memory"]), engine, faults)
 
     def engine_counters(self, fresh_after: float | None) -> dict[str, Any]:
         deadline = time.monotonic() + 5.0
@@ -115,6 +126,7 @@ def cost(before: Reading, after: Reading, requests: int) -> dict[str, Any]:
     """CPU-ms per request by process kind, Redis bytes per job, engine CPU and batch shares."""
     n = max(requests, 1)
     cpu_ms = {k: 1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / n for k in after.cpu_s}
+    faults = {k: (after.faults[k] - before.faults.get(k, 0)) / n for k in after.faults}
     e0, e1 = before.engine, after.engine
     decode = Counter(e1.get("batch_sizes", {})) - Counter(e0.get("batch_sizes", {}))
     prefill = Counter(e1.get("prefill_sizes", {})) - Counter(e0.get("prefill_sizes", {}))
@@ -123,6 +135,7 @@ def cost(before: Reading, after: Reading, requests: int) -> dict[str, Any]:
     ge4 = sum(c for size, c in (decode + prefill).items() if size >= 4)
     return {
         "cpu_ms": cpu_ms,
+        "minor_faults": faults,
         "forward_cpu_ms": forward_ms,
         "engine_step_cpu_ms": 1000 * (e1.get("step_cpu_s", 0.0) - e0.get("step_cpu_s", 0.0)) / n,
         "redis_bytes_per_job": (after.used_memory - before.used_memory) / n,

@@ -177,6 +177,30 @@ def cost_rows(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+FAULTING = ("gateway", "decode", "inference", "loadgen", "peer")  # Redis: not one of the groups
+
+
+def fault_rows(result: dict[str, Any]) -> list[str]:
+    """Minor page faults per request by process: first touches of fresh memory (a growing cache or
+    heap pays them on the request's path)."""
+    rows = [row for row in result["runs"] if (row.get("cost") or {}).get("minor_faults")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Minor page faults per request by process (`/proc/<pid>/stat` of each process group; first "
+        "touches of fresh memory):",
+        "",
+        "| server | conc | " + " | ".join(FAULTING) + " |",
+        "|---|---|" + "---|" * len(FAULTING),
+    ]
+    for row in rows:
+        faults = row["cost"]["minor_faults"]
+        cells = [f"{faults.get(k, 0.0):.0f}" for k in FAULTING]
+        lines.append(f"| {server(row, result)} | {row['concurrency']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def memory_rows(result: dict[str, Any]) -> list[str]:
     m = result.get("memory")
     if not m:
@@ -212,5 +236,5 @@ def tail(result: dict[str, Any]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    parts = head(result) + latency_rows(result) + stage_rows(result) + cost_rows(result)
+    parts = head(result) + latency_rows(result) + stage_rows(result) + cost_rows(result) + fault_rows(result)
     return "\n".join(parts + memory_rows(result) + tail(result)) + "\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.service_report import head, latency_rows, ratios
+from bench.service_report import fault_rows, head, latency_rows, ratios
 from bench.service_workload import Sample, summarize
 
 
@@ -49,3 +49,13 @@ def test_the_report_names_each_repeat_and_brackets_their_ratios() -> None:
     lines = head(result) + latency_rows(result)
     assert any(line.startswith("| vlmq-openai #2 | 32 |") for line in lines)
     assert any(line.startswith("- c=32: throughput 3.00x [3.00 3.00]") for line in lines)
+
+
+def test_the_report_has_each_runs_page_faults_per_request_by_process() -> None:
+    cost = {"minor_faults": {"gateway": 32.4, "decode": 1.6, "inference": 38.2, "loadgen": 0.0}}
+    runs = [run("vlmq-openai", 1, 30, 1.0) | {"cost": cost}, run("peer-openai", 1, 10, 1.0)]
+    lines = fault_rows({"levels": [32], "runs": runs})
+    assert "| server | conc | gateway | decode | inference | loadgen | peer |" in lines
+    assert "| vlmq-openai | 32 | 32 | 2 | 38 | 0 | 0 |" in lines
+    assert not any(line.startswith("| peer-openai") for line in lines)  # a run without readings
+    assert fault_rows({"levels": [32], "runs": [run("peer-openai", 1, 10, 1.0)]}) == []
