@@ -196,7 +196,7 @@ def fault_rows(result: dict[str, Any]) -> list[str]:
     ]
     for row in rows:
         faults = row["cost"]["minor_faults"]
-        cells = [f"{faults.get(k, 0.0):.0f}" for k in FAULTING]
+        cells = [f"{faults[k]:.0f}" if k in faults else "-" for k in FAULTING]  # "-": not read
         lines.append(f"| {server(row, result)} | {row['concurrency']} | " + " | ".join(cells) + " |")
     return lines
 

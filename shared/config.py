@@ -307,6 +307,7 @@ class InferenceSettings(CommonSettings):
     image_input_cache_mb: float = Field(
         128,
         ge=0,
+        allow_inf_nan=False,
         description="Decoded images kept by digest as the decode workers ship them (the resized uint8 "
         "picture: 85 KB at the bundled model's 168 px), so a follow-up or a picture sent before needs no "
         "decode hop; 0: none (while such a worker runs, every job with images is decoded)",

@@ -1,16 +1,16 @@
 """Decoded images the inference worker keeps by digest, so a turn that shows no new image needs no
 decode hop (``gateway.handoff``: such a turn comes marked ``decode_skipped``, without pixels).
 
-An entry is the image as its decode worker shipped it (``ImageProcessorHandle.wire``: the
-resized uint8 picture, 168 x 168 x 3 = 85 KB for the bundled model), not the engine's float32
-input made from it (677 KB: a still image's patches twice over, four bytes each), so the same bytes
-hold 8x the pictures. A turn served from here runs the same last steps as fresh pixels
-(``engine_request.wire_inputs``, ~0.1 ms hot), so it gets the input, and the answer, it would get
-from fresh pixels, bit for bit. The bound is in bytes (the tensors' sizes); least recently used
-goes first. The main thread fills and reads it; the writer thread only asks ``holds`` and takes
-``evicted`` (``input_owners``: the owner records the gateway routes by). Never filled from image
-bytes: a worker opens no bytes itself (a client can send a history of invented pictures; only a
-decode worker, isolated, may decode them).
+An entry is the image as its decode worker shipped it (``ImageProcessorHandle.wire``: the resized
+uint8 picture, 168 x 168 x 3 = 85 KB for the bundled model), not the engine's float32 input made
+from it (677 KB: a still image's patches twice over, four bytes each), so the same bytes hold 8x the
+pictures (2x for a processor that does not split at its resize: it ships float16). A turn served
+from here runs the same last steps as fresh pixels (``engine_request.wire_inputs``, ~0.1 ms hot), so
+it gets the input, and the answer, it would get from fresh pixels, bit for bit. The bound is in
+bytes (the tensors' sizes); least recently used goes first. The main thread fills and reads it; the
+writer thread only asks ``holds`` and takes ``evicted`` (``input_owners``: the owner records the
+gateway routes by). Never filled from image bytes: a worker opens no bytes itself (a client can send
+a history of invented pictures; only a decode worker, isolated, may decode them).
 """
 
 from __future__ import annotations
