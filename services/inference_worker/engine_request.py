@@ -71,12 +71,7 @@ def _float32(tensor: torch.Tensor) -> torch.Tensor:
 
 def pixels_input(handle: ImageProcessorHandle, payload: bytes, digest: str) -> ImageInput:
     """One image's pixels (``shared.tensors.pack_image``) -> ImageInput."""
-    return pixels_inputs(handle, payload, [digest])[digest]
-
-
-def pixels_inputs(handle: ImageProcessorHandle, payload: bytes, digests: list[str]) -> dict[str, ImageInput]:
-    """A job's pixels as the decode worker stored them -> ImageInput by digest."""
-    return wire_inputs(handle, unpack_wires(handle, payload, digests))
+    return wire_inputs(handle, unpack_wires(handle, payload, [digest]))[digest]
 
 
 def unpack_wires(handle: ImageProcessorHandle, payload: bytes, digests: list[str]) -> dict[str, Wire]:
