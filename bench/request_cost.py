@@ -5,7 +5,9 @@ The stack (no peer) on its own Redis; for each kind, N requests at C concurrent 
 route: CPU-ms a request per process kind (gateway, decode workers, inference worker, Redis, this
 load generator) and Redis commands a request (``INFO commandstats`` before and after, the most
 called first). The kinds go from a request refused after parsing to a streamed 1024 px JPEG, so a
-row minus the row above is what that step of the pipeline costs (bench/README.md has a table).
+row minus the row above is what that step of the pipeline costs (bench/README.md has a table); the
+last streams 128 tokens a request (``ignore_eos``): what the tokens cost (``--env
+VLMQ_STREAM_INTERVAL_MS=0`` against the default: each engine step written on its own, or held).
 The figures include the workers' background work (heartbeats, sweeps) over the run's seconds.
 """
 
@@ -34,6 +36,7 @@ from tests.support.stack import ServiceStack
 NO_CACHE = {"Cache-Control": "no-cache"}
 QUESTION = "What colour is the shape?"
 TOP_COMMANDS = 12
+LONG_ANSWER = 128  # tokens of the last kind: what each token costs the pipeline (the stream interval)
 Send = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
 
@@ -53,13 +56,15 @@ def png(side: int, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-def chat_body(model: str, image: bytes | None, stream: bool) -> dict[str, Any]:
+def chat_body(model: str, image: bytes | None, stream: bool, max_tokens: int = 16) -> dict[str, Any]:
+    """A chat completion; ``max_tokens`` over 16: exactly that many tokens (``ignore_eos``)."""
     content: list[dict[str, Any]] = [{"type": "text", "text": QUESTION}]
     if image is not None:
         url = "data:image/jpeg;base64," + base64.b64encode(image).decode()
         content.insert(0, {"type": "image_url", "image_url": {"url": url}})
     messages = [{"role": "user", "content": content}]
-    return {"model": model, "stream": stream, "max_tokens": 16, "messages": messages}
+    body = {"model": model, "stream": stream, "max_tokens": max_tokens, "messages": messages}
+    return {**body, "ignore_eos": True} if max_tokens > 16 else body
 
 
 def post(bodies: list[dict[str, Any]], headers: dict[str, str], expect: int) -> Send:
@@ -85,8 +90,10 @@ def kinds(model: str, count: int) -> list[tuple[str, Send]]:
     new one each request (``count`` of them): the same picture again skips the decode hop and the
     vision tower (the workers hold it), so it would measure those caches, not the pipeline."""
 
-    def new_pictures(make: Callable[[int], bytes], stream: bool, first_seed: int) -> list[dict[str, Any]]:
-        return [chat_body(model, make(first_seed + i), stream) for i in range(count)]
+    def new_pictures(
+        make: Callable[[int], bytes], stream: bool, first_seed: int, max_tokens: int = 16
+    ) -> list[dict[str, Any]]:
+        return [chat_body(model, make(first_seed + i), stream, max_tokens) for i in range(count)]
 
     big = [chat_body(model, jpeg(640, 1), False)]
     return [
@@ -96,6 +103,10 @@ def kinds(model: str, count: int) -> list[tuple[str, Send]]:
         ("64 px PNG", post(new_pictures(lambda s: png(64, s), False, 10_000), NO_CACHE, 200)),
         ("320 px JPEG, streamed", post(new_pictures(lambda s: jpeg(320, s), True, 20_000), NO_CACHE, 200)),
         ("1024 px JPEG, streamed", post(new_pictures(lambda s: jpeg(1024, s), True, 30_000), NO_CACHE, 200)),
+        (
+            f"320 px JPEG, streamed, {LONG_ANSWER} tokens",
+            post(new_pictures(lambda s: jpeg(320, s), True, 40_000, LONG_ANSWER), NO_CACHE, 200),
+        ),
     ]
 
 

@@ -282,6 +282,15 @@ class InferenceSettings(CommonSettings):
         None, description="Running batch cap; default 8 on CPU, from free memory on GPU"
     )
     batch_window_ms: float = Field(10.0, description="Admission window after the first waiting request")
+    stream_interval_ms: float = Field(
+        20.0,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Longest a generated token waits to be written with the next ones (one Redis write "
+        "and one stream wake for several steps); a job's first token and its end never wait; 0: every "
+        "engine step written at once",
+    )
     prefill_min_free: int = Field(
         0,
         ge=0,

@@ -44,6 +44,7 @@ class WriterConfig:
     on_end: Callable[[Finished], None] = lambda _item: None  # each attempt's end (Flower's task events)
     min_replicas: int = 0  # WAIT for this many replicas before the XACK (0: no WAIT)
     wait_ms: int = 500
+    stream_interval_s: float = 0.0  # longest a middle token is held for the next write
 
 
 @dataclass(frozen=True)

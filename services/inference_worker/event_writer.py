@@ -47,13 +47,26 @@ __all__ = ["EventWriter", "JobRun", "WriterConfig"]
 
 
 @dataclass
+class _TokenEvent:
+    """A token event to publish: tokens ``start``.. of the attempt, their text."""
+
+    start: int
+    ids: list[int]
+    text: str
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.ids)
+
+
+@dataclass
 class _Part:
     """One job's share of a flush: what will be written, applied to the run once it was."""
 
     run: JobRun
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    args: list[str] = field(default_factory=list)  # APPEND_TOKENS_LUA triples
+    events: list[_TokenEvent] = field(default_factory=list)  # to publish, in order
     first_token_at: float | None = None
     diverged: str | None = None
     starts_generating: bool = False
@@ -62,6 +75,27 @@ class _Part:
 
     def recorded(self) -> int:
         return len(self.run.token_ids) + len(self.ids)
+
+    def publish(self, start: int, ids: list[int], text: str) -> None:
+        """Queue tokens ``start``.. for the stream, joined to the event before them where they
+        continue it (one stream entry for the steps of one write). An event that starts inside what
+        an earlier attempt published (which ``APPEND_TOKENS_LUA`` skips whole) takes nothing more."""
+        last = self.events[-1] if self.events else None
+        if last is not None and last.end == start and last.start >= len(self.run.published):
+            last.ids.extend(ids)
+            last.text += text
+        else:
+            self.events.append(_TokenEvent(start, list(ids), text))
+
+    def append_args(self) -> list[str]:
+        """``APPEND_TOKENS_LUA``'s triples: start, end, the token event's JSON."""
+        args: list[str] = []
+        for e in self.events:
+            token = JobEvent(
+                type="token", attempt=self.run.attempt, text=e.text, token_ids=e.ids, index=e.start
+            )
+            args += [str(e.start), str(e.end), token.to_fields()["data"]]
+        return args
 
 
 class EventWriter(threading.Thread):
@@ -78,6 +112,8 @@ class EventWriter(threading.Thread):
         self.r: Any = client  # redis-py's return types are unions; this module knows the shapes
         self.store = store
         self.effects = FinishEffects(client, store.keys, consumer, config)
+        self.stream_interval_s = config.stream_interval_s
+        self._last_flush = 0.0  # time.monotonic() of the last write
         self.on_finished = on_finished
         self.cancel = cancel
         self._queue: queue.Queue[tuple[JobRun, TokenEvent] | object] = queue.Queue()
@@ -118,10 +154,28 @@ class EventWriter(threading.Thread):
             log.warning("metrics write failed (%s); retrying later", exc)
 
     def _drain(self) -> list[tuple[JobRun, TokenEvent]]:
+        """Whole engine steps (``_drain_steps``); while they hold only middle tokens (no job's first
+        token, no end), more steps join them until ``stream_interval_s`` after the last write: one
+        round trip and one stream wake for several steps, the first token and the end never held."""
+        batch = self._drain_steps(0.05)
+        while batch and len(batch) < MAX_BATCH_EVENTS and not self._urgent(batch):
+            hold = self._last_flush + self.stream_interval_s - time.monotonic()
+            if hold <= 0:
+                break
+            batch += self._drain_steps(hold)
+        return batch
+
+    @staticmethod
+    def _urgent(batch: list[tuple[JobRun, TokenEvent]]) -> bool:
+        """Written at once: a job's first events (its ``generating`` status, its TTFT) or its end."""
+        return any(event.finished or not run.generating for run, event in batch)
+
+    def _drain_steps(self, timeout: float) -> list[tuple[JobRun, TokenEvent]]:
         """Whole engine steps: everything queued, then (if the last step is still being emitted)
-        its events up to its mark, waiting at most ``STEP_WAIT_S`` (events outside a step)."""
+        its events up to its mark, waiting at most ``STEP_WAIT_S`` (events outside a step); the first
+        event waited for up to ``timeout``."""
         try:
-            item = self._queue.get(timeout=0.05)
+            item = self._queue.get(timeout=timeout)
         except queue.Empty:
             return []
         batch: list[tuple[JobRun, TokenEvent]] = []
@@ -180,6 +234,7 @@ class EventWriter(threading.Thread):
         pipe = self.r.pipeline(transaction=True)
         parts = self._build(pipe, batch)
         results = pipe.execute()
+        self._last_flush = time.monotonic()
         self.flushes += 1
         self.events += len(batch)
         return [f for part in parts if (f := self._apply(part, results)) is not None]
@@ -207,10 +262,10 @@ class EventWriter(threading.Thread):
         return list(parts.values())
 
     def _queue_append(self, pipe: Any, part: _Part) -> None:
-        if not part.args or part.append_at is not None:
+        if not part.events or part.append_at is not None:
             return
         part.append_at = len(pipe.command_stack)
-        args: list[str | int] = [EVENTS_MAXLEN, part.run.attempt, *part.args]
+        args: list[str | int] = [EVENTS_MAXLEN, part.run.attempt, *part.append_args()]
         pipe_script(pipe, APPEND_TOKENS_LUA, self.store.job_keys(part.run.job_id), args)
 
     def _tokens(self, part: _Part, event: TokenEvent) -> None:
@@ -227,8 +282,7 @@ class EventWriter(threading.Thread):
         part.first_token_at = part.first_token_at or time.time()
         if start + len(ids) <= len(run.published):
             return  # the client already has these
-        token = JobEvent(type="token", attempt=run.attempt, text=event.text, token_ids=ids, index=start)
-        part.args += [str(start), str(start + len(ids)), token.to_fields()["data"]]
+        part.publish(start, ids, event.text)
 
     def _apply(self, part: _Part, results: list[Any]) -> Finished | None:
         run = part.run

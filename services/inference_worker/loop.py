@@ -84,6 +84,7 @@ class InferenceWorker:
             min_replicas=settings.redis_min_replicas,
             wait_ms=settings.redis_wait_ms,
             on_end=self._ended,
+            stream_interval_s=settings.stream_interval_ms / 1000,
         )
         self.writer = EventWriter(client, self.store, self.consumer, config, self._finished, engine.cancel)
         engine.add_step_listener(self.writer.step_done)  # one write per engine step

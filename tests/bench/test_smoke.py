@@ -99,7 +99,7 @@ def test_priority_bench_smoke(tmp_path: Path) -> None:
 
 def test_request_cost_bench_smoke(tmp_path: Path) -> None:
     result = run_bench("bench.request_cost", tmp_path, timeout_s=120)
-    assert len(result["rows"]) == 6
+    assert len(result["rows"]) == 7
     for row in result["rows"]:  # CPU per process kind for every kind of request (10 ms ticks: may be 0)
         assert {"gateway", "decode", "inference", "redis", "loadgen"} <= set(row["cpu_ms"])
     assert sum(row["cpu_ms"]["gateway"] for row in result["rows"]) > 0

@@ -23,7 +23,8 @@ class Job:
     job_id: str
     image: bytes
     session_id: str
-    tokens: list[tuple[int, str]] = field(default_factory=list)  # (index, text) in arrival order
+    # (index, tokens, text) of each token event in arrival order (an event may carry several tokens)
+    tokens: list[tuple[int, int, str]] = field(default_factory=list)
     final: dict[str, Any] | None = None  # the terminal event
     resumes: int = 0
     # The id of the last event read: kept here, not returned, so a read that fails mid-stream
@@ -80,7 +81,7 @@ class Load:
                 event = json.loads(line.removeprefix("data:").strip())
                 job.last_id = event["id"]
                 if event["type"] == "token":
-                    job.tokens.append((event["index"], event["text"]))
+                    job.tokens.append((event["index"], len(event["token_ids"]), event["text"]))
                     seen += 1
                 elif event["type"] in ("done", "error") or event.get("status") in TERMINAL:
                     job.final = event

@@ -135,10 +135,13 @@ async def test_nothing_accepted_is_lost_stuck_or_mixed_under_chaos(
 
 
 def check_stream(job: Job, final_text: str) -> None:
-    """The streamed tokens: indices 0..n-1 each once, in order; their text is the final text."""
-    indices = [index for index, _ in job.tokens]
-    assert indices == list(range(len(indices))), (job.job_id, indices)
-    assert "".join(text for _, text in job.tokens) == final_text, job.job_id
+    """The streamed tokens: indices 0..n-1 each once, in order (each event starts where the one
+    before it ended); their text is the final text."""
+    indices, expected = [index for index, _, _ in job.tokens], [0]
+    for _, count, _ in job.tokens:
+        expected.append(expected[-1] + count)
+    assert indices == expected[:-1], (job.job_id, indices)
+    assert "".join(text for _, _, text in job.tokens) == final_text, job.job_id
     assert job.final is not None and job.final["type"] == "done"
 
 

@@ -93,7 +93,8 @@ def test_write_retried_after_a_lost_reply_publishes_everything_once(harness: Har
     LostReplyPipeline.lose_next = True  # the MULTI/EXEC runs, then its reply is lost
     harness.writer.write([(run, e) for e in events_of(run, ["Re", "d", "."])])
     events = J.events(harness.r, harness.keys, run.job_id)
-    assert [e.index for e in events if e.type == "token"] == [0, 1, 2]
+    tokens = [(e.index, e.token_ids, e.text) for e in events if e.type == "token"]
+    assert tokens == [(0, [100, 101, 102], "Red.")]  # the steps of one write: one stream entry
     assert sum(e.type == "done" for e in events) == 1 and "generating" in [e.status for e in events]
     record = J.job(harness.r, harness.keys, run.job_id)
     assert record.status is JobStatus.DONE and record.text == "Red." and run.text == "Red."
@@ -113,7 +114,10 @@ def test_re_sent_events_are_idempotent(harness: Harness) -> None:
     first = events_of(run, ["A", "B"])
     harness.writer.write([(run, first[0]), (run, first[1])])
     harness.writer.write([(run, first[1]), (run, first[2])])  # index 1 again (engine re-send)
-    assert [e.index for e in J.events(harness.r, harness.keys, run.job_id) if e.type == "token"] == [0, 1]
+    tokens = [
+        (e.index, e.token_ids) for e in J.events(harness.r, harness.keys, run.job_id) if e.type == "token"
+    ]
+    assert tokens == [(0, [100, 101])]
     assert J.job(harness.r, harness.keys, run.job_id).text == "AB"
 
 
@@ -211,3 +215,55 @@ def test_one_write_per_engine_step_for_every_sequence(harness: Harness) -> None:
     for run in runs:
         tokens = [e for e in J.events(harness.r, harness.keys, run.job_id) if e.type == "token"]
         assert [e.index for e in tokens] == [0, 1, 2]
+
+
+def test_a_retry_publishes_only_the_tokens_after_the_earlier_attempts_in_one_entry(harness: Harness) -> None:
+    run = harness.start_job(session=False, attempt=2)
+    run.published = [100, 101]  # attempt 1 streamed two tokens before its worker died
+    harness.r.hset(harness.keys.job(run.job_id), "published", 2)
+    harness.writer.write([(run, e) for e in events_of(run, ["A", "B", "C", "D"])])
+    tokens = [
+        (e.index, e.token_ids, e.text)
+        for e in J.events(harness.r, harness.keys, run.job_id)
+        if e.type == "token"
+    ]
+    assert tokens == [(2, [102, 103], "CD")]
+    assert J.job(harness.r, harness.keys, run.job_id).text == "ABCD"
+
+
+def test_middle_tokens_wait_for_the_stream_interval_but_the_first_token_and_the_end_do_not(
+    redis_url: str, keys: Keys
+) -> None:
+    """With ``stream_interval_s`` set, steps that hold only middle tokens are written with the next
+    urgent one (here the end: the interval is far longer than the test): one entry for them all."""
+    harness = Harness(LostReplyRedis.from_url(redis_url), keys)
+    harness.writer.stream_interval_s = 30.0
+    run = harness.start_job(session=False)
+    events = events_of(run, ["R", "e", "d"])
+
+    def stream() -> list[tuple[int | None, list[int] | None]]:
+        return [(e.index, e.token_ids) for e in J.events(harness.r, keys, run.job_id) if e.type == "token"]
+
+    def wait_for_flushes(n: int) -> None:
+        deadline = time.monotonic() + 5
+        while harness.writer.flushes < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    harness.writer.start()
+    try:
+        harness.writer.put(run, events[0])  # the first token: written at once
+        harness.writer.step_done()
+        wait_for_flushes(1)
+        assert stream() == [(0, [100])] and run.generating
+        for event in events[1:3]:  # two steps of middle tokens: held
+            harness.writer.put(run, event)
+            harness.writer.step_done()
+        time.sleep(0.3)
+        assert harness.writer.flushes == 1 and stream() == [(0, [100])]
+        harness.writer.put(run, events[3])  # the end: written at once, with the held tokens
+        harness.writer.step_done()
+        wait_for_flushes(2)
+    finally:
+        harness.writer.stop()
+    assert harness.writer.flushes == 2 and stream() == [(0, [100]), (1, [101, 102])]
+    assert J.job(harness.r, keys, run.job_id).status is JobStatus.DONE

@@ -50,6 +50,10 @@ def tokens(stack: ServiceStack, job_id: str) -> list[JobEvent]:
     return [e for e in J.events(stack.redis, stack.keys, job_id) if e.type == "token"]
 
 
+def token_count(toks: list[JobEvent]) -> int:
+    return sum(len(e.token_ids or []) for e in toks)
+
+
 def reference_text(stack: ServiceStack, engine: Engine, spec: JobSpec) -> tuple[str, list[int]]:
     """The engine's uncached answer on the pixels the decode path makes from the stored image bytes
     (the job's own pixels are gone once it is terminal)."""
@@ -63,9 +67,13 @@ def reference_text(stack: ServiceStack, engine: Engine, spec: JobSpec) -> tuple[
 
 
 def assert_stream_is_whole(stack: ServiceStack, job_id: str) -> list[JobEvent]:
-    """Token events from the first entry: every index once, in order, text = the final text."""
+    """Token events from the first entry: every index once, in order, text = the final text. An
+    event may carry several tokens (the steps of one write): each starts where the one before ended."""
     toks = tokens(stack, job_id)
-    assert [e.index for e in toks] == list(range(len(toks)))
+    ends = [0]
+    for e in toks:
+        ends.append(ends[-1] + len(e.token_ids or []))
+    assert [e.index for e in toks] == ends[:-1] and all(e.token_ids for e in toks)
     record = J.job(stack.redis, stack.keys, job_id)
     assert "".join(e.text or "" for e in toks) == record.text
     return toks
@@ -198,7 +206,8 @@ def test_killed_worker_job_is_claimed_and_finished_once(
     assert record.attempt == 2
     toks = assert_stream_is_whole(inference_stack, spec.job_id)  # no gap, no duplicate across attempts
     assert {e.attempt for e in toks[:published]} == {1} and {e.attempt for e in toks[published:]} <= {2}
-    assert len(toks) == 400 and record.text == reference_text(inference_stack, reference_engine, spec)[0]
+    assert token_count(toks) == 400
+    assert record.text == reference_text(inference_stack, reference_engine, spec)[0]
     events = J.events(inference_stack.redis, inference_stack.keys, spec.job_id)
     assert sum(e.type == "done" for e in events) == 1
 
@@ -286,7 +295,7 @@ def test_second_sigterm_releases_in_flight_jobs_to_another_worker(inference_stac
     inference_stack.restart("inference")
     assert finished(inference_stack, spec.job_id, 60) is JobStatus.DONE
     assert J.job(inference_stack.redis, inference_stack.keys, spec.job_id).attempt == 2
-    assert len(assert_stream_is_whole(inference_stack, spec.job_id)) == 500
+    assert token_count(assert_stream_is_whole(inference_stack, spec.job_id)) == 500
 
 
 def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
@@ -301,7 +310,7 @@ def test_job_finished_elsewhere_stops_generating_and_gets_no_more_tokens(
     events = J.events(r, keys, spec.job_id)
     last = max(i for i, e in enumerate(events) if e.status is JobStatus.CANCELLED)
     assert last == len(events) - 1  # nothing appended after the terminal event
-    assert len(tokens(inference_stack, spec.job_id)) < 500
+    assert token_count(tokens(inference_stack, spec.job_id)) < 500
 
 
 def test_heartbeat_lives_exactly_as_long_as_the_gateway_trusts_it(inference_stack: ServiceStack) -> None:
