@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 from bench.report_files import write_report
-from bench.resources import Meter
+from bench.resources import Meter, cost
 from bench.service_bench import stack_env
 from bench.stack_runs import add_stack_options, on_stack, report_fields, stack_meter
 from tests.support.stack import ServiceStack
@@ -36,6 +36,7 @@ from tests.support.stack import ServiceStack
 NO_CACHE = {"Cache-Control": "no-cache"}
 QUESTION = "What colour is the shape?"
 TOP_COMMANDS = 12
+STACK = ("gateway", "decode", "inference", "redis")  # the service's processes (not the load generator)
 LONG_ANSWER = 128  # tokens of the last kind: what each token costs the pipeline (the stream interval)
 Send = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
@@ -121,7 +122,8 @@ async def measure_kind(
 ) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60) as client:
         await asyncio.gather(*(send(client, requests + i) for i in range(2)))  # warm (fills the result cache)
-        before, commands = await asyncio.to_thread(meter.read), command_counts(stack.redis)
+        # fresh heartbeats: the engine's forward CPU counted up to the reading
+        before, commands = await asyncio.to_thread(meter.read, time.time()), command_counts(stack.redis)
         started = time.perf_counter()
         slots = asyncio.Semaphore(concurrency)
 
@@ -131,8 +133,9 @@ async def measure_kind(
 
         await asyncio.gather(*(one(i) for i in range(requests)))
         wall = time.perf_counter() - started
-        after, commands_after = await asyncio.to_thread(meter.read), command_counts(stack.redis)
+        after, commands_after = await asyncio.to_thread(meter.read, time.time()), command_counts(stack.redis)
     cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / requests, 3) for k in after.cpu_s}
+    forward = cost(before, after, requests)["forward_cpu_ms"]
     per_request = {k: (v - commands.get(k, 0)) / requests for k, v in commands_after.items()}
     top = sorted(((v, k) for k, v in per_request.items() if v > 0), reverse=True)
     print(f"{name:52s} {cpu}", flush=True)
@@ -141,6 +144,8 @@ async def measure_kind(
         "requests": requests,
         "wall_ms_per_request": round(1000 * wall / requests, 2),
         "cpu_ms": cpu,
+        "forward_cpu_ms": round(forward, 3),
+        "outside_forward_cpu_ms": round(sum(cpu.get(k, 0.0) for k in STACK) - forward, 3),
         "redis_commands": round(sum(per_request.values()), 1),
         "decodes": round(per_request.get("getex", 0.0), 2),  # a decode task fetches its picture by GETEX
         "top_commands": {k: round(v, 2) for v, k in top[:TOP_COMMANDS]},
@@ -152,20 +157,23 @@ def markdown(result: dict[str, Any]) -> str:
         f"# What one request costs ({result['when']}, {result['requests']} requests a kind at "
         f"{result['concurrency']} concurrent)",
         "",
-        "| request | gateway | decode | inference | redis | loadgen | decodes | Redis commands"
+        "| request | gateway | decode | inference | redis | loadgen | forward | outside forward | decodes"
+        " | Redis commands"
         " | most called |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         cpu = row["cpu_ms"]
         top = ", ".join(f"{k} {v:g}" for k, v in list(row["top_commands"].items())[:5])
-        cells = [f"{cpu.get(k, 0.0):.2f}" for k in ("gateway", "decode", "inference", "redis", "loadgen")]
+        cells = [f"{cpu.get(k, 0.0):.2f}" for k in (*STACK, "loadgen")]
+        cells += [f"{row['forward_cpu_ms']:.2f}", f"{row['outside_forward_cpu_ms']:.2f}"]
         cells.append(f"{row['decodes']:g}")
         lines.append(f"| {row['kind']} | {' | '.join(cells)} | {row['redis_commands']:g} | {top} |")
     lines += [
         "",
-        "CPU-milliseconds a request by process kind; decode tasks run a request (`GETEX` of a picture's"
-        " bytes); Redis commands a request (INFO commandstats).",
+        "CPU-milliseconds a request by process kind; forward: the inference worker's model forward (its"
+        " engine counters); outside forward: gateway + decode + inference + Redis - forward; decode tasks"
+        " run a request (`GETEX` of a picture's bytes); Redis commands a request (INFO commandstats).",
     ]
     return "\n".join(lines) + "\n"
 

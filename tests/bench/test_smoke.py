@@ -103,6 +103,7 @@ def test_request_cost_bench_smoke(tmp_path: Path) -> None:
     for row in result["rows"]:  # CPU per process kind for every kind of request (10 ms ticks: may be 0)
         assert {"gateway", "decode", "inference", "redis", "loadgen"} <= set(row["cpu_ms"])
     assert sum(row["cpu_ms"]["gateway"] for row in result["rows"]) > 0
+    assert result["rows"][-1]["forward_cpu_ms"] > 0  # 128 tokens a request: the forward's counters move
     for row in result["rows"][1:]:  # every accepted request wrote its job: Redis commands counted
         assert row["redis_commands"] > 0 and row["top_commands"]
     for row in result["rows"][3:]:  # a new picture every request: each one decoded, none held
