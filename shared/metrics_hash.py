@@ -47,7 +47,9 @@ FAMILIES: dict[str, Family] = {
     "process_restarts_total": Family("counter", "Processes `make up` restarted, by process"),
     "time_to_first_token_seconds": Family("histogram", "Accepted -> first token"),
     "e2e_request_latency_seconds": Family("histogram", "Accepted -> done"),
-    "inter_token_latency_seconds": Family("histogram", "Between two token events of a job"),
+    "inter_token_latency_seconds": Family(
+        "histogram", "Between two tokens of a job: two token writes' gap over the later one's tokens"
+    ),
     "request_queue_time_seconds": Family(
         "histogram",
         "Waiting per stage: decode (accepted -> decode started), inference (tensor ready -> in a batch)",

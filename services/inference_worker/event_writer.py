@@ -290,7 +290,7 @@ class EventWriter(threading.Thread):
         run.token_ids.extend(part.ids)
         run.texts.extend(part.texts)
         if part.ids:
-            run.token_times.append(time.time())
+            run.token_writes.append((time.time(), len(part.ids)))
         run.first_token_at = run.first_token_at or part.first_token_at
         refused = part.append_at is not None and not results[part.append_at]
         if part.diverged and not run.diverged:

@@ -1,10 +1,11 @@
 """A done job's figures into the metrics hash (``shared.metrics_hash.FAMILIES``): its stage
-durations, time to first token, end-to-end latency, gaps between token events and token counts.
+durations, time to first token, end-to-end latency, time between tokens and token counts.
 
 Queued on the writer's side-effects pipeline: no round trip of its own."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from services.inference_worker.job_run import JobRun
@@ -33,5 +34,14 @@ def record_done(pipe: Any, key: str, run: JobRun, event: JobEvent) -> None:
     if event.usage is not None:
         observe(pipe, key, "request_prompt_tokens", event.usage.prompt_tokens, TOKEN_BUCKETS)
         observe(pipe, key, "request_generation_tokens", event.usage.completion_tokens, TOKEN_BUCKETS)
-    gaps = [b - a for a, b in zip(run.token_times, run.token_times[1:], strict=False)]
-    observe_many(pipe, key, "inter_token_latency_seconds", gaps)
+    observe_many(pipe, key, "inter_token_latency_seconds", token_gaps(run.token_writes))
+
+
+def token_gaps(writes: list[tuple[float, int]]) -> list[float]:
+    """One gap a token after the first write: the time since the write before, shared by the tokens
+    of the later write (several where the stream interval held steps: the engine's pace, not the
+    interval's)."""
+    gaps: list[float] = []
+    for (before, _), (at, tokens) in pairwise(writes):
+        gaps += [(at - before) / tokens] * tokens
+    return gaps

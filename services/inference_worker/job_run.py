@@ -25,7 +25,7 @@ class JobRun:
     submitted_at: float = field(default_factory=time.time)
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)  # when each token event was written
+    token_writes: list[tuple[float, int]] = field(default_factory=list)  # (when, tokens) of each token write
     first_token_at: float | None = None
     generating: bool = False
     diverged: str | None = None

@@ -175,6 +175,22 @@ def test_inter_token_latency_is_observed_once_per_job(harness: Harness) -> None:
     assert int(count) == 2  # gaps between 3 token writes, whoever listens to the stream
 
 
+def test_a_write_of_several_tokens_counts_each_token_at_the_pace_between_writes(harness: Harness) -> None:
+    """Tokens the stream interval held go out together; the histogram still sees one observation a
+    token, each the gap between the writes shared by the later write's tokens."""
+    run = harness.start_job(session=False)
+    events = events_of(run, ["a", "b", "c", "d"])
+    harness.writer.write([(run, events[0])])
+    time.sleep(0.06)
+    harness.writer.write([(run, e) for e in events[1:]])  # three tokens and the end in one write
+    harness.writer.effects.metrics.period_s = 0.0
+    harness.writer.effects.flush_metrics()
+    counters = harness.r.hgetall(harness.keys.metrics_counters())
+    count = int(counters[b"inter_token_latency_seconds_count"])
+    total = float(counters[b"inter_token_latency_seconds_sum"])
+    assert count == 3 and 0.06 <= total < 0.5  # three tokens sharing one ~60 ms gap, not one gap of 60 ms
+
+
 def test_the_turn_is_recorded_with_the_finish_itself(harness: Harness) -> None:
     """A client that sees ``done`` and asks its next question at once must find this turn stored
     (its next turn is built on the stored conversation): the turn goes in FINISH's own MULTI,
