@@ -47,8 +47,8 @@ __all__ = ["EventWriter", "JobRun", "WriterConfig"]
 
 
 @dataclass
-class _TokenEvent:
-    """A token event to publish: tokens ``start``.. of the attempt, their text."""
+class _PendingTokens:
+    """Tokens ``start``.. of the attempt and their text, to publish as one token event."""
 
     start: int
     ids: list[int]
@@ -66,7 +66,7 @@ class _Part:
     run: JobRun
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    events: list[_TokenEvent] = field(default_factory=list)  # to publish, in order
+    events: list[_PendingTokens] = field(default_factory=list)  # to publish, in order
     first_token_at: float | None = None
     diverged: str | None = None
     starts_generating: bool = False
@@ -85,7 +85,7 @@ class _Part:
             last.ids.extend(ids)
             last.text += text
         else:
-            self.events.append(_TokenEvent(start, list(ids), text))
+            self.events.append(_PendingTokens(start, list(ids), text))
 
     def append_args(self) -> list[str]:
         """``APPEND_TOKENS_LUA``'s triples: start, end, the token event's JSON."""
