@@ -9,7 +9,8 @@ and image processor (pictures squared to ``square_side``) with random weights of
 Random weights stop at random, so the checkpoint declares an end token no logit row can produce
 (an id past the vocabulary; the tokenizer has none): both servers generate exactly
 ``max_tokens`` (checked on every answer from its usage). Closed loop at each concurrency, as
-``bench.service_bench``: TTFT p50/p99 and throughput (requests/s, generated tokens/s). Both servers
+``bench.service_bench``: TTFT p50/p99, throughput (requests/s, generated tokens/s) and CPU a request
+by process (vlmq's forward and the CPU outside it: on a GPU the pipeline's share). Both servers
 run the weights in bfloat16 on CUDA (vlmq ``VLMQ_QUANTIZE=bf16``, peer ``--dtype bfloat16``), in
 float32 on CPU. Writes ``gpu_bench{,_smoke}.{json,md}``.
 """
@@ -32,12 +33,14 @@ import openai
 
 from bench.common import BUNDLED_MODEL, fit_mrope_sections
 from bench.report_files import write_report
-from bench.service_bench import REQUEST_TIMEOUT_S, RESULTS, Peer, closed_loop, openai_call
+from bench.resources import cost
+from bench.service_bench import REQUEST_TIMEOUT_S, RESULTS, Peer, closed_loop, meter_for, openai_call
 from bench.service_workload import BenchRequest, Sample, make_requests, summarize
 from scripts.redis_launcher import start_redis
 from tests.support.stack import ALL, ServiceStack
 
 TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja")
+STACK = ("gateway", "decode", "inference", "redis")  # vlmq's processes (the peer is one process)
 
 
 @dataclass(frozen=True)
@@ -145,14 +148,28 @@ async def measure(args: argparse.Namespace, stack: ServiceStack, peer: Peer) -> 
     warm = make_requests(2, seed=999)
     for name, (url, model) in servers.items():
         await run_level(url, model, warm, 1, args.max_tokens, name == "vlmq")
+    meter = meter_for(stack, peer)
     rows = []
     for c in args.levels:
         requests = make_requests(max(args.requests, 2 * c), seed=300 + c)
         for name, (url, model) in servers.items():
+            before = await asyncio.to_thread(meter.read, time.time())
             samples, wall = await run_level(url, model, requests, c, args.max_tokens, name == "vlmq")
+            after = await asyncio.to_thread(meter.read, time.time())
             rows.append(level_row(name, c, samples, wall, args.max_tokens))
+            rows[-1]["cpu"] = cpu_row(cost(before, after, len(samples)))
             print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def cpu_row(measured: dict[str, Any]) -> dict[str, float]:
+    """CPU-ms a request by process (the peer's own process as ``peer``), the inference worker's
+    forward (its engine thread inside prefill and decode: on a GPU, launching kernels and waiting for
+    them) and the stack's CPU outside that forward: what the pipeline costs beside the model."""
+    cpu = {k: round(v, 3) for k, v in measured["cpu_ms"].items()}
+    forward = measured["forward_cpu_ms"]
+    outside = sum(cpu.get(k, 0.0) for k in STACK) - forward
+    return {**cpu, "forward": round(forward, 3), "outside_forward": round(outside, 3)}
 
 
 # --- the run ---
@@ -231,7 +248,28 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += ["", "Times in ms. Ratios vlmq / transformers serve:", ""]
     lines += [f"- c={c}: {text}" for c, text in ratios(result["rows"]).items()]
+    lines += ["", *cpu_table(result["rows"])]
     return "\n".join(lines) + "\n"
+
+
+def cpu_table(rows: list[dict[str, Any]]) -> list[str]:
+    """CPU-ms a request by process for vlmq's runs (this host's CPU, whatever the device)."""
+    lines = [
+        "vlmq's CPU-milliseconds a request by process (`/proc`; Redis: INFO cpu); forward: the engine"
+        " thread inside prefill and decode; outside: gateway + decode + inference + Redis - forward; for"
+        " transformers serve, its own process:",
+        "",
+        "| server | conc | gateway | decode | inference | redis | forward | outside forward | peer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ours = (*STACK, "forward", "outside_forward")
+    for r in rows:
+        cpu, vlmq = r.get("cpu") or {}, r["server"] == "vlmq"
+        shown = ours if vlmq else ("peer",)  # the other server's processes idle meanwhile
+        columns = (*ours, "peer")
+        cells = " | ".join(f"{cpu.get(k, 0.0):.1f}" if k in shown else "-" for k in columns)
+        lines.append(f"| {r['server']} | {r['concurrency']} | {cells} |")
+    return lines
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[int, str]:

@@ -78,6 +78,8 @@ def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
     }
     assert all(r["not_max_tokens"] == [] and r["errors"] == 0 for r in result["rows"])
     assert all(r["slowest_ttft"] and r["slowest_ttft"][0]["ttft"] > 0 for r in result["rows"])
+    vlmq = [r["cpu"] for r in result["rows"] if r["server"] == "vlmq"]
+    assert all(cpu["forward"] > 0 and cpu["inference"] > 0 for cpu in vlmq)  # the forward's CPU is read
 
 
 def test_gpu_exactness_smoke_on_cpu(tmp_path: Path) -> None:
