@@ -33,14 +33,13 @@ import openai
 
 from bench.common import BUNDLED_MODEL, fit_mrope_sections
 from bench.report_files import write_report
-from bench.resources import cost
+from bench.resources import STACK, cost
 from bench.service_bench import REQUEST_TIMEOUT_S, RESULTS, Peer, closed_loop, meter_for, openai_call
 from bench.service_workload import BenchRequest, Sample, make_requests, summarize
 from scripts.redis_launcher import start_redis
 from tests.support.stack import ALL, ServiceStack
 
 TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja")
-STACK = ("gateway", "decode", "inference", "redis")  # vlmq's processes (the peer is one process)
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,7 @@ def cpu_row(measured: dict[str, Any]) -> dict[str, float]:
     forward (its engine thread inside prefill and decode: on a GPU, launching kernels and waiting for
     them) and the stack's CPU outside that forward: what the pipeline costs beside the model."""
     cpu = {k: round(v, 3) for k, v in measured["cpu_ms"].items()}
-    forward = measured["forward_cpu_ms"]
-    outside = sum(cpu.get(k, 0.0) for k in STACK) - forward
+    forward, outside = measured["forward_cpu_ms"], measured["outside_forward_cpu_ms"]
     return {**cpu, "forward": round(forward, 3), "outside_forward": round(outside, 3)}
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 from bench.report_files import write_report
-from bench.resources import Meter, cost
+from bench.resources import STACK, Meter, cost
 from bench.service_bench import stack_env
 from bench.stack_runs import add_stack_options, on_stack, report_fields, stack_meter
 from tests.support.stack import ServiceStack
@@ -36,7 +36,6 @@ from tests.support.stack import ServiceStack
 NO_CACHE = {"Cache-Control": "no-cache"}
 QUESTION = "What colour is the shape?"
 TOP_COMMANDS = 12
-STACK = ("gateway", "decode", "inference", "redis")  # the service's processes (not the load generator)
 LONG_ANSWER = 128  # tokens of the last kind: what each token costs the pipeline (the stream interval)
 Send = Callable[[httpx.AsyncClient, int], Awaitable[None]]
 
@@ -135,7 +134,7 @@ async def measure_kind(
         wall = time.perf_counter() - started
         after, commands_after = await asyncio.to_thread(meter.read, time.time()), command_counts(stack.redis)
     cpu = {k: round(1000 * (after.cpu_s[k] - before.cpu_s.get(k, 0.0)) / requests, 3) for k in after.cpu_s}
-    forward = cost(before, after, requests)["forward_cpu_ms"]
+    measured = cost(before, after, requests)
     per_request = {k: (v - commands.get(k, 0)) / requests for k, v in commands_after.items()}
     top = sorted(((v, k) for k, v in per_request.items() if v > 0), reverse=True)
     print(f"{name:52s} {cpu}", flush=True)
@@ -144,8 +143,8 @@ async def measure_kind(
         "requests": requests,
         "wall_ms_per_request": round(1000 * wall / requests, 2),
         "cpu_ms": cpu,
-        "forward_cpu_ms": round(forward, 3),
-        "outside_forward_cpu_ms": round(sum(cpu.get(k, 0.0) for k in STACK) - forward, 3),
+        "forward_cpu_ms": round(measured["forward_cpu_ms"], 3),
+        "outside_forward_cpu_ms": round(measured["outside_forward_cpu_ms"], 3),
         "redis_commands": round(sum(per_request.values()), 1),
         "decodes": round(per_request.get("getex", 0.0), 2),  # a decode task fetches its picture by GETEX
         "top_commands": {k: round(v, 2) for v, k in top[:TOP_COMMANDS]},

@@ -61,6 +61,9 @@ def redis_cpu_s(client: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+STACK = ("gateway", "decode", "inference", "redis")  # the service's processes (no load generator, no peer)
+
+
 @dataclass
 class Reading:
     """One instant: CPU seconds and minor faults per process kind (no faults for Redis: not a
@@ -137,6 +140,7 @@ def cost(before: Reading, after: Reading, requests: int) -> dict[str, Any]:
         "cpu_ms": cpu_ms,
         "minor_faults": faults,
         "forward_cpu_ms": forward_ms,
+        "outside_forward_cpu_ms": sum(cpu_ms.get(k, 0.0) for k in STACK) - forward_ms,
         "engine_step_cpu_ms": 1000 * (e1.get("step_cpu_s", 0.0) - e0.get("step_cpu_s", 0.0)) / n,
         "redis_bytes_per_job": (after.used_memory - before.used_memory) / n,
         "steps": steps,

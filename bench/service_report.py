@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench.resources import STACK
 from bench.service_workload import MAX_TOKENS
 
 HOPS = {
@@ -166,7 +167,7 @@ def cost_rows(result: dict[str, Any]) -> list[str]:
         if not c:
             continue
         cpu = c["cpu_ms"]
-        ours = sum(cpu.get(k, 0.0) for k in ("gateway", "decode", "inference", "redis"))
+        ours = sum(cpu.get(k, 0.0) for k in STACK)
         share = "-" if c["steps_ge4"] is None else f"{c['steps_ge4']:.0%}"
         cells = [f"{cpu.get(k, 0.0):.1f}" for k in PROCESSES]
         lines.append(

@@ -29,6 +29,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.report_files import write_report
+from bench.resources import STACK
 from bench.service_bench import stack_env
 from bench.service_workload import BenchRequest, make_requests
 from bench.stack_runs import add_stack_options, on_stack, report_fields, stack_meter
@@ -38,7 +39,6 @@ FOLLOW_UPS = ("What else is in the picture?", "How many shapes are there?", "Wha
 STAGES = ("queue", "decode", "wait", "vision", "prefill", "generation")
 MAX_TOKENS = 16
 SEED = 4242
-PROCESSES = ("gateway", "decode", "inference", "redis")
 AGAIN = -1  # the phase that sends each conversation's picture again, in a new conversation
 VARIANTS = {  # name -> the stack's extra settings
     "skip decoding": {},
@@ -129,7 +129,7 @@ async def measure(args: argparse.Namespace, stack: ServiceStack) -> list[dict[st
 def follow_ups(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The follow-up turns' e2e (median of the turns' medians) and CPU-ms a turn, all processes."""
     later = [row for row in rows if row["kind"] == "text follow-up"]
-    cpu = [sum(row["cpu_ms"].get(k, 0.0) for k in PROCESSES) for row in later]
+    cpu = [sum(row["cpu_ms"].get(k, 0.0) for k in STACK) for row in later]
     return {"e2e_ms": statistics.median(r["e2e_ms"] for r in later), "cpu_ms": statistics.median(cpu)}
 
 
@@ -150,7 +150,7 @@ def markdown(result: dict[str, Any]) -> str:
     for variant, rows in result["runs"].items():
         for row in rows:
             stages = " | ".join(f"{row['stages_ms'][s]:.1f}" for s in STAGES)
-            cpu = " | ".join(f"{row['cpu_ms'].get(k, 0.0):.2f}" for k in PROCESSES)
+            cpu = " | ".join(f"{row['cpu_ms'].get(k, 0.0):.2f}" for k in STACK)
             lines.append(
                 f"| {variant} | {row['turn']} ({row['kind']}) | {row['e2e_ms']:.1f} | {stages} | {cpu} | "
                 f"{row['answered']}/{result['conversations']} |"
