@@ -4,7 +4,9 @@ engine answers against the same model's batch-of-one ``generate`` on that device
     python -m bench.gpu_exactness [--device cuda] [--modes none,bf16] [--requests 8]
     python -m bench.gpu_exactness --smoke      # CPU, fp32, two requests (a test runs it)
 
-Greedy, end of sequence ignored (all requests run side by side to ``max_tokens``). Reports per mode
+Greedy, end of sequence ignored (all requests run side by side to ``max_tokens``). Every second
+request's picture is finished on the device from uint8 (``services.vlm.pixel_table``, as the inference
+worker does there), and those pixel values are compared with the processor's. Reports per mode
 how many answers match token for token and, where one diverges, the reference's logit gap there
 (a near tie is the only excuse). Writes ``gpu_exactness{,_smoke}.json``.
 """
@@ -12,31 +14,54 @@ how many answers match token for token and, where one diverges, the reference's 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from bench.common import draw_image, image_input
 from bench.engine_workloads import QUESTIONS
 from bench.service_bench import RESULTS
 from services.engine import Engine, EngineConfig, GenerationRequest, SamplingParams
+from services.inference_worker.engine_request import wire_input
+from services.vlm.image_processor import ImageProcessorHandle
 from services.vlm.loading import load_model
+from services.vlm.pixel_table import PixelTable
 from tests.services.engine.reference import reference, run_all, tokens_of, user
 
 BUNDLED = Path(__file__).resolve().parent.parent / "models" / "vlmq-tiny"
 
 
 def requests(processor: Any, n: int, max_tokens: int) -> list[tuple[GenerationRequest, bytes]]:
+    """Every second request's picture as the inference worker hands it over with ``pixels_on_device``
+    (the uint8 picture the engine finishes on its device), the others as the processor's values."""
+    handle = ImageProcessorHandle.wrap(processor.image_processor)
+    handle.device_table = PixelTable.build(handle)
     out = []
     for i in range(n):
         png = draw_image(i, (64 + 16 * (i % 3), 64))
         sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         messages = [user(QUESTIONS[i % len(QUESTIONS)])]
-        out.append((GenerationRequest(f"r{i}", messages, [image_input(processor, png)], sampling), png))
+        image = image_input(processor, png)
+        if i % 2:
+            image = wire_input(handle, handle.wire(Image.open(io.BytesIO(png)).convert("RGB")), image.digest)
+        out.append((GenerationRequest(f"r{i}", messages, [image], sampling), png))
     return out
+
+
+def pixels_made_on_device(reqs: list[tuple[GenerationRequest, bytes]], processor: Any, device: str) -> int:
+    """How many of the device-finished pictures equal the processor's own values, bit for bit."""
+    same = 0
+    for req, png in reqs:
+        deferred = req.images[0].deferred
+        if deferred is not None:
+            made, own = deferred.make(torch.device(device)).cpu(), image_input(processor, png).pixel_values
+            same += int(own is not None and torch.equal(made, own))
+    return same
 
 
 def compare(got: list[int], model: Any, processor: Any, req: GenerationRequest, png: bytes) -> dict[str, Any]:
@@ -67,6 +92,8 @@ def check_mode(mode: str, device: str, n: int, max_tokens: int) -> dict[str, Any
         "mode": mode,
         "matched": sum(r["match"] for r in rows),
         "requests": n,
+        "pictures_on_device": sum(r.images[0].deferred is not None for r, _ in reqs),
+        "pixels_equal": pixels_made_on_device(reqs, processor, device),
         "largest_batch": max(stats.batch_sizes),
         "rows": rows,
     }
@@ -91,7 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def print_report(name: str, results: list[dict[str, Any]]) -> None:
     for r in results:
         print(f"{name} {r['mode']}: {r['matched']}/{r['requests']} token-identical", end="")
-        print(f" (largest batch {r['largest_batch']})")
+        print(f" (largest batch {r['largest_batch']}); pictures finished on the device: ", end="")
+        print(f"{r['pixels_equal']}/{r['pictures_on_device']} equal to the processor's")
         for row in (row for row in r["rows"] if not row["match"]):
             gap = row["logit_gap"]
             print(f"  {row['request']} diverged at token {row['diverged_at']}, logit gap {gap:.2e}")
@@ -106,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"gpu_exactness{'_smoke' if args.smoke else ''}.json"
     path.write_text(json.dumps({"when": when, "device": name, "results": results}, indent=2))
     print_report(name, results)
-    return 0 if all(r["matched"] == r["requests"] for r in results) else 1
+    same = all(r["pixels_equal"] == r["pictures_on_device"] for r in results)
+    exact = same and all(r["matched"] == r["requests"] for r in results)
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

@@ -306,6 +306,11 @@ class InferenceSettings(CommonSettings):
     warmup_requests: int = Field(
         0, ge=0, le=64, description="Dummy requests run before taking jobs (GPU: loads kernels; 0: none)"
     )
+    pixels_on_device: Literal["auto", "true", "false"] = Field(
+        "auto",
+        description="Finish uint8 pictures (rescale, normalise, patchify) on the engine's device; "
+        "auto: when it is not the CPU (there numpy's steps are as fast and run beside the engine)",
+    )
     max_context_tokens: int = Field(2048, description="Prompt + completion token limit")
     prefix_cache: bool = Field(True, description="Reuse the system prompt's KV")
     session_cache: bool = Field(True, description="Keep a session's KV between turns")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -49,14 +49,27 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # None: free text
 
 
+class DeferredPixels(Protocol):
+    """Pixel values the engine makes on its own device when it encodes the image (a picture shipped
+    as uint8 and finished there: ``services.vlm.pixel_table``). ``make`` returns float32 values, all
+    finite (its maker checks that once, where it is built)."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def make(self, device: torch.device) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class ImageInput:
-    """One preprocessed image: the model image processor's output plus the digest of the source bytes."""
+    """One preprocessed image: the model image processor's output plus the digest of the source bytes.
+    ``pixel_values`` is None where ``deferred`` makes them on the engine's device (grid models only)."""
 
-    pixel_values: torch.Tensor
+    pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor  # (1, 3) for Qwen2-VL/GLM-4V style processors
     digest: str  # full sha256 hex of the original image bytes (image-embedding cache key)
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # other processor outputs, if any
+    deferred: DeferredPixels | None = None
 
 
 @dataclass

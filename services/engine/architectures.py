@@ -90,16 +90,18 @@ class Architecture:
         """Refuse tensors the vision encoder would choke on (or silently misread)."""
         pv = image.pixel_values
         where = f"image {index}"
-        if not isinstance(pv, torch.Tensor) or not pv.is_floating_point():
+        if pv is None and image.deferred is not None and self.grid:
+            pass  # made on the device when encoded, finite by construction; its shape is checked below
+        elif not isinstance(pv, torch.Tensor) or not pv.is_floating_point():
             raise RequestRejected(f"{where}: pixel_values must be a floating-point tensor")
-        if not torch.isfinite(pv.sum()):  # NaN/Inf anywhere reach the sum: one pass, no bool copy
+        elif not torch.isfinite(pv.sum()):  # NaN/Inf anywhere reach the sum: one pass, no bool copy
             raise RequestRejected(f"{where}: pixel_values contain NaN or Inf (or overflow float32)")
         if len(image.digest) != 64 or not HEX_DIGITS.issuperset(image.digest):
             raise RequestRejected(f"{where}: digest must be the full sha256 hex of the image bytes")
         (self._check_grid if self.grid else self._check_fixed)(image, where)
 
     def _check_grid(self, image: ImageInput, where: str) -> None:
-        vc, grid, pv = self.vision_config, image.image_grid_thw, image.pixel_values
+        vc, grid, shape = self.vision_config, image.image_grid_thw, _pixels_shape(image)
         thw = grid[0].tolist() if grid.shape == (1, 3) else []  # one conversion, not one per element
         if not thw or min(thw) <= 0:
             raise RequestRejected(f"{where}: image_grid_thw must have shape (1, 3) with positive values")
@@ -108,20 +110,25 @@ class Architecture:
             raise RequestRejected(f"{where}: grid {h}x{w} not divisible by merge size {self.merge}")
         channels = getattr(vc, "in_channels", None) or getattr(vc, "in_chans", 3)
         dim = channels * vc.temporal_patch_size * vc.patch_size**2
-        if pv.ndim != 2 or pv.shape != (t * h * w, dim):
-            want = (t * h * w, dim)
-            raise RequestRejected(f"{where}: pixel_values shape {tuple(pv.shape)} != {want} for grid {thw}")
+        if shape != (t * h * w, dim):
+            raise RequestRejected(f"{where}: pixel_values shape {shape} != {(t * h * w, dim)} for grid {thw}")
 
     def _check_fixed(self, image: ImageInput, where: str) -> None:
-        vc, pv = self.vision_config, image.pixel_values
+        vc, shape = self.vision_config, _pixels_shape(image)
         want = (1, getattr(vc, "num_channels", 3), vc.image_size, vc.image_size)
-        if tuple(pv.shape) != want:
-            raise RequestRejected(f"{where}: pixel_values shape {tuple(pv.shape)} != {want}")
+        if shape != want:
+            raise RequestRejected(f"{where}: pixel_values shape {shape} != {want}")
+
+    def _pixel_values(self, image: ImageInput) -> torch.Tensor:
+        if image.pixel_values is not None:
+            return image.pixel_values
+        assert image.deferred is not None  # check_image refuses an image with neither
+        return image.deferred.make(self.device)
 
     @torch.inference_mode()
     def encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:
         """Vision encoder over several images at once; one (tokens, hidden) tensor per image."""
-        pv = torch.cat([im.pixel_values for im in images]).to(self.device, self.dtype)
+        pv = torch.cat([self._pixel_values(im) for im in images]).to(self.device, self.dtype)
         if self.grid:
             grid = torch.cat([im.image_grid_thw for im in images]).to(self.device)
             if self.lean_vision is not None and self.lean_vision.usable():
@@ -218,6 +225,13 @@ class Architecture:
             logits_to_keep=1,
         )
         return out.logits[:, -1].float()
+
+
+def _pixels_shape(image: ImageInput) -> tuple[int, ...]:
+    """The pixel values' shape, made or to be made (``()``: neither)."""
+    if image.pixel_values is not None:
+        return tuple(image.pixel_values.shape)
+    return tuple(image.deferred.shape) if image.deferred is not None else ()
 
 
 def auto_max_batch(arch: Architecture, max_context_tokens: int) -> int:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from services.engine.api import GenerationRequest, ImageInput, SamplingParams, StructuredOutput
 from services.inference_worker.image_inputs import Wire
-from services.vlm.image_processor import ImageProcessorHandle
+from services.vlm.image_processor import RESIZED, ImageProcessorHandle
+from services.vlm.pixel_table import PixelTable
 from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 from shared.tensors import TensorCodecError, unpack_images
 
@@ -90,11 +92,35 @@ def unpack_wires(handle: ImageProcessorHandle, payload: bytes, digests: list[str
 
 def wire_inputs(handle: ImageProcessorHandle, wires: dict[str, Wire]) -> dict[str, ImageInput]:
     """Wire tensors by digest -> ImageInput by digest: the processor's steps after its resize run
-    here (``ImageProcessorHandle.from_wire``). TensorCodecError when one is unreadable."""
+    here (``ImageProcessorHandle.from_wire``), or on the engine's device where the handle has a
+    ``device_table``. TensorCodecError when one is unreadable."""
     try:
-        return {d: image_input(handle.from_wire(t), d) for d, t in wires.items()}
+        return {d: wire_input(handle, t, d) for d, t in wires.items()}
     except (ValueError, KeyError) as exc:
         raise TensorCodecError(f"decoded image unreadable: {exc}") from exc
+
+
+def wire_input(handle: ImageProcessorHandle, wire: Wire, digest: str) -> ImageInput:
+    table, picture = handle.device_table, wire.get(RESIZED)
+    if table is not None and picture is not None and table.takes(picture):
+        grid = table.grid(tuple(picture.shape))
+        return ImageInput(None, grid, digest, deferred=TablePixels(table, picture))
+    return image_input(handle.from_wire(wire), digest)
+
+
+@dataclass(frozen=True)
+class TablePixels:
+    """A uint8 picture the engine finishes on its own device (the engine's ``DeferredPixels``)."""
+
+    table: PixelTable
+    picture: torch.Tensor  # uint8 (channels, height, width), as the decode worker shipped it
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.table.patches_shape(tuple(self.picture.shape))
+
+    def make(self, device: torch.device) -> torch.Tensor:
+        return self.table.finish(self.picture, device)
 
 
 def needs_image(spec: JobSpec) -> bool:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from services.engine import Engine, EngineConfig
 from services.vlm.image_processor import ImageProcessorHandle
 from services.vlm.loading import load_image_processor
+from services.vlm.pixel_table import PixelTable
 from shared.config import InferenceSettings
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
@@ -54,3 +58,17 @@ def pixel_processor(engine: Engine, model_path: str) -> ImageProcessorHandle:
     the steps after their resize (``ImageProcessorHandle.from_wire``)."""
     found = getattr(engine, "image_processor", None)
     return ImageProcessorHandle.wrap(found if found is not None else load_image_processor(model_path))
+
+
+def device_table(pixels: ImageProcessorHandle, settings: InferenceSettings) -> PixelTable | None:
+    """The table that lets the engine finish uint8 pictures on its device (``pixels_on_device``);
+    None: the worker's main thread runs the processor's steps (on the CPU they are as fast, and run
+    beside the engine's thread), or the processor's steps are not a table."""
+    wanted = settings.pixels_on_device == "true" or (
+        settings.pixels_on_device == "auto" and resolve_device(settings.device) != "cpu"
+    )
+    table = PixelTable.build(pixels) if wanted else None
+    if wanted:
+        where = "on the engine's device" if table else "by the processor (its steps are not a table)"
+        log.info("pictures are finished %s", where)
+    return table

@@ -16,7 +16,7 @@ from typing import Any
 from PIL import Image
 
 from services.engine import Engine, FinishReason, GenerationRequest, ImageInput, SamplingParams, TokenEvent
-from services.inference_worker.engine_request import image_input
+from services.inference_worker.engine_request import wire_input
 from services.vlm.image_processor import ImageProcessorHandle
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,13 @@ GREY = (128, 128, 128)
 
 def blank_image(engine: Engine, pixels: ImageProcessorHandle) -> ImageInput | None:
     """A grey square the way a job's picture arrives: the decode worker's wire form, made whole
-    again here (``ImageProcessorHandle.from_wire``); None for a model without an image processor."""
+    again here (``engine_request.wire_input``: on the engine's device where the worker finishes
+    pictures there); None for a model without an image processor."""
     if engine.image_processor is None:
         return None
     picture = Image.new("RGB", (224, 224), GREY)
     digest = hashlib.sha256(picture.tobytes()).hexdigest()
-    return image_input(pixels.from_wire(pixels.wire(picture)), digest)
+    return wire_input(pixels, pixels.wire(picture), digest)
 
 
 def warmup_requests(

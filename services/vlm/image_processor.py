@@ -21,13 +21,16 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image
 
 from services.vlm.loading import load_image_processor
+
+if TYPE_CHECKING:
+    from services.vlm.pixel_table import PixelTable
 
 RESIZED = "pixels"  # the wire's name for the resized uint8 picture (channels first)
 PROBE_SIDE_MAX = 2048  # the largest probe for the pixel budget the resize keeps (12 MB, once at load)
@@ -52,6 +55,8 @@ class ImageProcessorHandle:
     split: bool = False
     direct: dict[str, Any] | None = None  # ``finish`` as one ``_preprocess`` call (``_direct_finish``)
     direct_resize: dict[str, Any] | None = None  # ``resize`` likewise (``_direct_resize``)
+    # set by an inference worker whose engine finishes uint8 pictures on its device (pixels_on_device)
+    device_table: PixelTable | None = None
     _capturing: Any = field(default=None, repr=False)  # the processor, resize captured (made once)
 
     @classmethod

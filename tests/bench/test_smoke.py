@@ -87,6 +87,7 @@ def test_gpu_exactness_smoke_on_cpu(tmp_path: Path) -> None:
     result = run_bench("bench.gpu_exactness", tmp_path)
     (mode,) = result["results"]
     assert mode["matched"] == mode["requests"] == 2 and mode["largest_batch"] == 2
+    assert mode["pictures_on_device"] == mode["pixels_equal"] == 1  # one picture finished from uint8
 
 
 def test_priority_bench_smoke(tmp_path: Path) -> None:

@@ -140,6 +140,7 @@ def test_a_prompt_refused_on_the_engine_thread_ends_with_a_rejected_event(bundle
     model, proc = bundled
     engine = make_engine(model, proc, prewarm=False, max_context_tokens=2048)
     good = image_input(proc, draw_image(1))
+    assert good.pixel_values is not None
     too_long = GenerationRequest("long", [user("x" * 12000)], [good], SamplingParams(max_tokens=4))
     bad_tensor = ImageInput(good.pixel_values[:-4], good.image_grid_thw, good.digest)
     cut = GenerationRequest("tensor", [user("hi")], [bad_tensor], SamplingParams(max_tokens=4))
@@ -175,6 +176,7 @@ def test_bad_tensors_are_refused(bundled, make_engine):
     model, proc = bundled
     engine = make_engine(model, proc, prewarm=False)
     good = image_input(proc, draw_image(1))
+    assert good.pixel_values is not None
     bad = [
         ImageInput(good.pixel_values[:-4], good.image_grid_thw, good.digest),
         ImageInput(good.pixel_values, torch.tensor([[1, 7, 8]]), good.digest),
@@ -197,7 +199,9 @@ def test_one_failing_request_does_not_take_the_batch_down(bundled, make_engine):
     engine = make_engine(model, proc)
     good = [_req(proc, f"ok{i}") for i in range(3)]
     poisoned = GenerationRequest("poison", [user("Where is it?")], [image_input(proc, draw_image(99))])
-    poisoned.images[0].pixel_values[0, 0] = 123.0  # the marker the hook below refuses
+    marked = poisoned.images[0].pixel_values
+    assert marked is not None
+    marked[0, 0] = 123.0  # the marker the hook below refuses
 
     def hook(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         pixels = args[0] if args else kwargs["hidden_states"]

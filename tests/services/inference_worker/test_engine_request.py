@@ -66,7 +66,8 @@ def test_sampling_and_request_fields_carry_over() -> None:
     assert request.request_id == "job:1" and request.deadline == 123.0 and request.session_id == "s1"
     assert request.use_cache is False and request.sampling == sampling_params(spec.sampling)
     assert request.sampling.stop == ("\n",) and request.sampling.seed == 3
-    assert request.images[0].pixel_values.dtype == torch.float32 and request.images[0].digest == "d" * 64
+    pixels = request.images[0].pixel_values
+    assert pixels is not None and pixels.dtype == torch.float32 and request.images[0].digest == "d" * 64
 
 
 def test_pixels_are_finished_by_the_processor_exactly() -> None:
@@ -76,7 +77,7 @@ def test_pixels_are_finished_by_the_processor_exactly() -> None:
     data = image_bytes("JPEG", (333, 222), seed=4)
     image = decoded_image(handle, data, "d" * 64)
     whole = handle(decode_image(data, 10**8, handle.target_pixels))
-    assert torch.equal(image.pixel_values, whole["pixel_values"])
+    assert image.pixel_values is not None and torch.equal(image.pixel_values, whole["pixel_values"])
     assert torch.equal(image.image_grid_thw, whole["image_grid_thw"])
 
 

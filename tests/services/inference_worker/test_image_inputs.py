@@ -82,12 +82,13 @@ def test_a_held_picture_is_kept_as_shipped_and_gives_fresh_pixels_input(
     fresh = pixels_input(handle, payload, digest)  # what a job with these pixels gets
     held, store = ImageInputCache(max_bytes=2**20), JobStore(redis_client, keys, 3600, 900)
     first = job_images(held, store, handle, make_spec(digest=digest), payload, skipped=False)[digest]
+    assert first.pixel_values is not None and fresh.pixel_values is not None
     assert torch.equal(first.pixel_values, fresh.pixel_values)
     float32_bytes = fresh.pixel_values.element_size() * fresh.pixel_values.nelement()
     assert held.bytes * 8 == float32_bytes  # one byte a value against four, each frame once against twice
     first.pixel_values.zero_()  # what the cache hands out is the caller's: the kept picture is not
     later = job_images(held, store, handle, make_spec(digest=digest), None, skipped=True)[digest]
-    assert later.digest == digest
+    assert later.digest == digest and later.pixel_values is not None
     assert torch.equal(later.pixel_values, fresh.pixel_values)
     assert torch.equal(later.image_grid_thw, fresh.image_grid_thw)
     assert held.stats()["hits"] == 1

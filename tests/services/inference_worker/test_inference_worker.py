@@ -99,6 +99,8 @@ def test_job_done_equals_engine_generate_sync(
         "generating",
     ]
     assert events[-1].type == "done" and events[-1].final_text == text
+    log = (inference_stack.log_dir / "inference.log").read_text()
+    assert "pictures are finished on the engine's device" in log  # the reference: the processor's steps
     # session turn and result cache written on done; stream entry acknowledged and removed
     assert spec.conversation_id is not None
     session = inference_stack.redis.hgetall(inference_stack.keys.conversation(spec.conversation_id))

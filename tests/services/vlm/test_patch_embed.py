@@ -13,6 +13,7 @@ def test_loaded_model_embeds_patches_as_the_conv_does() -> None:
     model, proc = load_model(bundled_model_path())
     embed = model.model.visual.patch_embed
     pixels = image_input(proc, draw_image(3)).pixel_values
+    assert pixels is not None
     with torch.no_grad():
         as_matmul = embed(pixels)
         as_conv = embed.proj(pixels.view(-1, 3, 2, 28, 28)).view(-1, embed.embed_dim)
