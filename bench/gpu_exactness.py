@@ -2,7 +2,7 @@
 engine answers against the same model's batch-of-one ``generate`` on that device.
 
     python -m bench.gpu_exactness [--device cuda] [--modes none,bf16] [--requests 8]
-    python -m bench.gpu_exactness --smoke      # CPU, fp32, two requests (a test runs it)
+    python -m bench.gpu_exactness --smoke      # CPU, fp32, three requests (a test runs it)
 
 Greedy, end of sequence ignored (all requests run side by side to ``max_tokens``). Every second
 request's picture is finished on the device from uint8 (``services.vlm.pixel_table``, as the inference
@@ -95,6 +95,7 @@ def check_mode(mode: str, device: str, n: int, max_tokens: int) -> dict[str, Any
         "pictures_on_device": sum(r.images[0].deferred is not None for r, _ in reqs),
         "pixels_equal": pixels_made_on_device(reqs, processor, device),
         "largest_batch": max(stats.batch_sizes),
+        "largest_prefill": max(stats.prefill_sizes),  # > 1: both kinds of picture encoded together
         "rows": rows,
     }
 
@@ -103,7 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--smoke", action="store_true", help="CPU, fp32, two requests")
+    parser.add_argument("--smoke", action="store_true", help="CPU, fp32, three requests")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--modes", default="none,bf16", help="quantization modes to check")
     parser.add_argument("--requests", type=int, default=8)
@@ -111,14 +112,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.device, args.modes, args.requests = "cpu", "none", 2
+        args.device, args.modes, args.requests = "cpu", "none", 3
     return args
 
 
 def print_report(name: str, results: list[dict[str, Any]]) -> None:
     for r in results:
         print(f"{name} {r['mode']}: {r['matched']}/{r['requests']} token-identical", end="")
-        print(f" (largest batch {r['largest_batch']}); pictures finished on the device: ", end="")
+        print(f" (largest batch {r['largest_batch']}, prefill {r['largest_prefill']}); ", end="")
+        print("pictures finished on the device: ", end="")
         print(f"{r['pixels_equal']}/{r['pictures_on_device']} equal to the processor's")
         for row in (row for row in r["rows"] if not row["match"]):
             gap = row["logit_gap"]
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"gpu_exactness{'_smoke' if args.smoke else ''}.json"
     path.write_text(json.dumps({"when": when, "device": name, "results": results}, indent=2))
     print_report(name, results)
-    same = all(r["pixels_equal"] == r["pictures_on_device"] for r in results)
+    same = all(r["pixels_equal"] == r["pictures_on_device"] and r["largest_prefill"] > 1 for r in results)
     exact = same and all(r["matched"] == r["requests"] for r in results)
     return 0 if exact else 1
 

@@ -128,7 +128,8 @@ class Architecture:
     @torch.inference_mode()
     def encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:
         """Vision encoder over several images at once; one (tokens, hidden) tensor per image."""
-        pv = torch.cat([self._pixel_values(im) for im in images]).to(self.device, self.dtype)
+        # each image on the device first: made there (``deferred``) or uploaded (one batch may hold both)
+        pv = torch.cat([self._pixel_values(im).to(self.device, self.dtype) for im in images])
         if self.grid:
             grid = torch.cat([im.image_grid_thw for im in images]).to(self.device)
             if self.lean_vision is not None and self.lean_vision.usable():

@@ -86,8 +86,9 @@ def test_gpu_exactness_smoke_on_cpu(tmp_path: Path) -> None:
     """The CUDA exactness check's script, on CPU: batched, prefix-cached answers equal generate."""
     result = run_bench("bench.gpu_exactness", tmp_path)
     (mode,) = result["results"]
-    assert mode["matched"] == mode["requests"] == 2 and mode["largest_batch"] == 2
+    assert mode["matched"] == mode["requests"] == 3 and mode["largest_batch"] == 3
     assert mode["pictures_on_device"] == mode["pixels_equal"] == 1  # one picture finished from uint8
+    assert mode["largest_prefill"] == 3  # ... prefilled with the others: encoded beside a fresh picture
 
 
 def test_priority_bench_smoke(tmp_path: Path) -> None:
