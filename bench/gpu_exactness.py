@@ -40,7 +40,7 @@ def requests(processor: Any, n: int, max_tokens: int) -> list[tuple[GenerationRe
     """Every second request's picture as the inference worker hands it over with ``pixels_on_device``
     (the uint8 picture the engine finishes on its device), the others as the processor's values."""
     handle = ImageProcessorHandle.wrap(processor.image_processor)
-    handle.device_table = PixelTable.build(handle)
+    handle.table, handle.finish_on_device = PixelTable.build(handle), True
     out = []
     for i in range(n):
         png = draw_image(i, (64 + 16 * (i % 3), 64))

@@ -17,7 +17,7 @@ import sys
 from types import FrameType
 
 from services.engine import Engine
-from services.inference_worker.engine_setup import device_table, engine_config, pixel_processor
+from services.inference_worker.engine_setup import attach_pixel_table, engine_config, pixel_processor
 from services.inference_worker.loop import InferenceWorker
 from services.inference_worker.warmup import warm_up
 from shared import log_context, tracing
@@ -60,7 +60,7 @@ def main() -> int:
     client = sync_client(settings.redis_url, sentinel=settings.sentinel)
     engine = Engine.from_pretrained(engine_config(settings))
     pixels = pixel_processor(engine, settings.model)
-    pixels.device_table = device_table(pixels, settings)
+    attach_pixel_table(pixels, settings)
     worker = InferenceWorker(settings, engine, client, pixels)
     install_signals(worker)
     engine.start()

@@ -1,7 +1,10 @@
-"""JobSpec (queue message) -> GenerationRequest (engine input). Pure functions."""
+"""JobSpec (queue message) -> GenerationRequest (engine input), and the pictures' last steps."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +16,8 @@ from services.vlm.image_processor import RESIZED, ImageProcessorHandle
 from services.vlm.pixel_table import PixelTable
 from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 from shared.tensors import TensorCodecError, unpack_images
+
+log = logging.getLogger(__name__)
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
@@ -91,9 +96,8 @@ def unpack_wires(handle: ImageProcessorHandle, payload: bytes, digests: list[str
 
 
 def wire_inputs(handle: ImageProcessorHandle, wires: dict[str, Wire]) -> dict[str, ImageInput]:
-    """Wire tensors by digest -> ImageInput by digest: the processor's steps after its resize run
-    here (``ImageProcessorHandle.from_wire``), or on the engine's device where the handle has a
-    ``device_table``. TensorCodecError when one is unreadable."""
+    """Wire tensors by digest -> ImageInput by digest (``wire_input``). TensorCodecError when one is
+    unreadable."""
     try:
         return {d: wire_input(handle, t, d) for d, t in wires.items()}
     except (ValueError, KeyError) as exc:
@@ -101,11 +105,17 @@ def wire_inputs(handle: ImageProcessorHandle, wires: dict[str, Wire]) -> dict[st
 
 
 def wire_input(handle: ImageProcessorHandle, wire: Wire, digest: str) -> ImageInput:
-    table, picture = handle.device_table, wire.get(RESIZED)
-    if table is not None and picture is not None and table.takes(picture):
-        grid = table.grid(tuple(picture.shape))
+    """The processor's steps after its resize, deferred where its ``table`` gives the picture's
+    shape: made on the engine's device (``TablePixels``), or by the processor once, on the first
+    thread that asks (``ProcessorPixels``). Else they run here (``ImageProcessorHandle.from_wire``)."""
+    table, picture = handle.table, wire.get(RESIZED)
+    if table is None or picture is None or not table.takes(picture):
+        return image_input(handle.from_wire(wire), digest)
+    grid = table.grid(tuple(picture.shape))
+    if handle.finish_on_device:
         return ImageInput(None, grid, digest, deferred=TablePixels(table, picture))
-    return image_input(handle.from_wire(wire), digest)
+    shape = table.patches_shape(tuple(picture.shape))
+    return ImageInput(None, grid, digest, deferred=ProcessorPixels(handle, picture, shape))
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,39 @@ class TablePixels:
 
     def make(self, device: torch.device) -> torch.Tensor:
         return self.table.finish(self.picture, device)
+
+
+class ProcessorPixels:
+    """A uint8 picture the processor finishes (its numpy steps) once, on whichever thread asks
+    first: the worker's main thread right after it handed the job to the engine (``prepare``), while
+    the engine's thread renders the prompt; or the engine's, encoding the image (``make``). The
+    engine takes the shape (from the processor's table) before the values."""
+
+    def __init__(self, handle: ImageProcessorHandle, picture: torch.Tensor, shape: tuple[int, int]) -> None:
+        self.handle, self.picture, self.shape = handle, picture, shape
+        self._lock = threading.Lock()
+        self._values: torch.Tensor | None = None
+
+    def prepare(self) -> torch.Tensor:
+        with self._lock:
+            if self._values is None:
+                self._values = self.handle.finish(self.picture.numpy())["pixel_values"]
+            return self._values
+
+    def make(self, device: torch.device) -> torch.Tensor:
+        return self.prepare().to(device)
+
+
+def prepare_pictures(requests: Iterable[GenerationRequest]) -> None:
+    """Finish the submitted requests' ``ProcessorPixels`` on this thread. A failure is left to the
+    engine: its ``make`` raises again, and only that request fails."""
+    for request in requests:
+        for image in request.images:
+            if isinstance(image.deferred, ProcessorPixels):
+                try:
+                    image.deferred.prepare()
+                except Exception:
+                    log.debug("picture %s not finished ahead of the engine", image.digest[:12], exc_info=True)
 
 
 def needs_image(spec: JobSpec) -> bool:

@@ -60,15 +60,17 @@ def pixel_processor(engine: Engine, model_path: str) -> ImageProcessorHandle:
     return ImageProcessorHandle.wrap(found if found is not None else load_image_processor(model_path))
 
 
-def device_table(pixels: ImageProcessorHandle, settings: InferenceSettings) -> PixelTable | None:
-    """The table that lets the engine finish uint8 pictures on its device (``pixels_on_device``);
-    None: the worker's main thread runs the processor's steps (on the CPU they are as fast, and run
-    beside the engine's thread), or the processor's steps are not a table."""
+def attach_pixel_table(pixels: ImageProcessorHandle, settings: InferenceSettings) -> None:
+    """The processor's steps after the resize as a table, where they are one (``PixelTable.build``):
+    the engine then takes a picture's shape before its values. Where ``pixels_on_device`` resolves
+    on, the engine makes the values from the table on its device; else the processor's own steps
+    make them on the worker's main thread while the engine's thread renders the prompt (on the CPU
+    numpy's steps are as fast as the table's)."""
     wanted = settings.pixels_on_device == "true" or (
         settings.pixels_on_device == "auto" and resolve_device(settings.device) != "cpu"
     )
-    table = PixelTable.build(pixels) if wanted else None
+    pixels.table = PixelTable.build(pixels)
+    pixels.finish_on_device = wanted and pixels.table is not None
     if wanted:
-        where = "on the engine's device" if table else "by the processor (its steps are not a table)"
+        where = "on the engine's device" if pixels.table else "by the processor (its steps are not a table)"
         log.info("pictures are finished %s", where)
-    return table

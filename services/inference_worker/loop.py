@@ -24,7 +24,7 @@ from services.inference_worker import job_spans
 from services.inference_worker.affinity import Rebalancer, record_owner
 from services.inference_worker.after_finish import Finished, WriterConfig
 from services.inference_worker.batch_hold import BatchHold
-from services.inference_worker.engine_request import build_request
+from services.inference_worker.engine_request import build_request, prepare_pictures
 from services.inference_worker.event_writer import EventWriter
 from services.inference_worker.image_inputs import ImageInputCache, PixelsNeeded
 from services.inference_worker.input_owners import InputOwners
@@ -294,6 +294,7 @@ class InferenceWorker:
             for run, _ in ready:
                 self._broken(run.entry, exc)
             return
+        prepare_pictures(request for request, _ in items)  # while the engine renders the prompts
         for (run, _), why in zip(ready, refused, strict=True):
             if why is not None:
                 self._reject(run.entry, run.attempt, why)

@@ -55,8 +55,10 @@ class ImageProcessorHandle:
     split: bool = False
     direct: dict[str, Any] | None = None  # ``finish`` as one ``_preprocess`` call (``_direct_finish``)
     direct_resize: dict[str, Any] | None = None  # ``resize`` likewise (``_direct_resize``)
-    # set by an inference worker whose engine finishes uint8 pictures on its device (pixels_on_device)
-    device_table: PixelTable | None = None
+    # set by an inference worker (``engine_setup.attach_pixel_table``): the steps after the resize as
+    # a table, where they are one; ``finish_on_device``: its engine makes the values from it there
+    table: PixelTable | None = None
+    finish_on_device: bool = False
     _capturing: Any = field(default=None, repr=False)  # the processor, resize captured (made once)
 
     @classmethod

@@ -18,8 +18,9 @@ STACK_ENV = {
     "VLMQ_MODEL": str(random_model_path()),
     "VLMQ_CLAIM_IDLE_MS": "1500",
     "VLMQ_DRAIN_TIMEOUT_S": "20",
-    # the engine finishes the uint8 pictures itself, as on a GPU (the default on the CPU is the worker's
-    # main thread, which every other suite runs): the answers must not change
+    # the engine finishes the uint8 pictures itself, as on a GPU (the default on the CPU, which every
+    # other suite runs, is the processor's steps after the hand-over: ``ProcessorPixels``): the
+    # answers must not change
     "VLMQ_PIXELS_ON_DEVICE": "true",
 }
 

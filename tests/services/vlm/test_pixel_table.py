@@ -1,12 +1,15 @@
 """The processor's last steps as a table (``services.vlm.pixel_table``): equal to the processor's
 own output bit for bit for every grid architecture the engine serves, refused where they are not a
-table; the engine fed the uint8 picture (``pixels_on_device``) answers exactly as with the
-processor's pixel values, alone and batched beside them."""
+table; the engine fed the uint8 picture (``pixels_on_device``), or the processor's values made
+after the hand-over (``ProcessorPixels``), answers exactly as with the processor's pixel values,
+alone and batched beside them."""
 
 from __future__ import annotations
 
 import copy
 import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +21,12 @@ from PIL import Image
 from bench.common import build_model, draw_image, image_input, load_bundled
 from services.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, TokenEvent
 from services.engine.api import FinishReason, ImageInput, RequestRejected
-from services.inference_worker.engine_request import wire_input
+from services.inference_worker.engine_request import (
+    ProcessorPixels,
+    TablePixels,
+    prepare_pictures,
+    wire_input,
+)
 from services.vlm.image_processor import RESIZED, ImageProcessorHandle
 from services.vlm.pixel_table import PixelTable
 from tests.services.engine.reference import run_all
@@ -87,22 +95,20 @@ def test_only_whole_uint8_pictures_are_taken() -> None:
     assert not table.takes(torch.zeros(side, side, dtype=torch.uint8))
 
 
-def test_the_engine_answers_the_same_from_the_uint8_picture() -> None:
+@pytest.mark.parametrize("on_device", [True, False], ids=["table on the device", "processor, deferred"])
+def test_the_engine_answers_the_same_from_the_uint8_picture(on_device: bool) -> None:
     """Caches off, so every request's picture goes through the vision tower: the deferred inputs'
     features and answers equal those of the processor's pixel values, alone and in one batch."""
     model, processor = load_bundled()
-    handle = ImageProcessorHandle.wrap(processor.image_processor)
-    handle.device_table = PixelTable.build(handle)
     engine = Engine(model, processor, EngineConfig(max_batch=8, prefix_cache=False, image_cache=False))
     pngs = [draw_image(seed, (96 + 32 * seed, 96)) for seed in range(4)]
     plain = [image_input(processor, png) for png in pngs]
-    deferred = [
-        wire_input(handle, handle.wire(Image.open(io.BytesIO(png)).convert("RGB")), p.digest)
-        for png, p in zip(pngs, plain, strict=True)
-    ]
-    assert all(d.pixel_values is None and d.deferred is not None for d in deferred)
+    deferred = deferred_inputs(processor, pngs, plain, on_device)
+    kind = TablePixels if on_device else ProcessorPixels
+    assert all(d.pixel_values is None and isinstance(d.deferred, kind) for d in deferred)
     for a, b in zip(plain, deferred, strict=True):
         assert torch.equal(engine.arch.encode_images([a])[0], engine.arch.encode_images([b])[0])
+    deferred = deferred_inputs(processor, pngs, plain, on_device)  # none made yet
     engine.start()
     try:
         alone = [tokens(engine.generate_sync(request(f"plain-{i}", im), 60)) for i, im in enumerate(plain)]
@@ -112,6 +118,74 @@ def test_the_engine_answers_the_same_from_the_uint8_picture() -> None:
         mixed = [plain[0], deferred[1], deferred[2], plain[3]]
         batched = run_all(engine, [request(f"mixed-{i}", im) for i, im in enumerate(mixed)])
         assert [tokens(batched[f"mixed-{i}"]) for i in range(4)] == alone
+    finally:
+        engine.stop(drain_timeout_s=5)
+
+
+def deferred_inputs(
+    processor: Any, pngs: list[bytes], plain: list[ImageInput], on_device: bool
+) -> list[ImageInput]:
+    """The pictures as the inference worker hands them to the engine (``wire_input``)."""
+    handle = ImageProcessorHandle.wrap(processor.image_processor)
+    handle.table, handle.finish_on_device = PixelTable.build(handle), on_device
+    return [
+        wire_input(handle, handle.wire(Image.open(io.BytesIO(png)).convert("RGB")), p.digest)
+        for png, p in zip(pngs, plain, strict=True)
+    ]
+
+
+def test_deferred_processor_pixels_are_made_once_by_the_first_thread_that_asks() -> None:
+    """The worker's main thread finishes a submitted picture while the engine renders the prompt;
+    the engine's encode then takes those values (or makes them itself, if it gets there first)."""
+    _model, processor = load_bundled()
+    png = draw_image(7, (128, 96))
+    (made,) = deferred_inputs(processor, [png], [image_input(processor, png)], on_device=False)
+    pixels = made.deferred
+    assert isinstance(pixels, ProcessorPixels)
+    want = image_input(processor, png).pixel_values
+    assert want is not None and pixels.shape == tuple(want.shape)
+    barrier = threading.Barrier(4)
+
+    def ask() -> torch.Tensor:
+        barrier.wait()
+        return pixels.make(torch.device("cpu"))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: ask(), range(4)))
+    assert all(r is results[0] for r in results)  # one finishing, shared
+    assert torch.equal(results[0], want)
+
+
+def test_a_picture_that_cannot_be_finished_fails_its_own_request_only() -> None:
+    """``prepare_pictures`` leaves a failure to the engine: its ``make`` raises again on the engine's
+    thread, and the batched prefill isolates that request; the one beside it is answered."""
+    model, processor = load_bundled()
+    engine = Engine(model, processor, EngineConfig(max_batch=4, prefix_cache=False, image_cache=False))
+    png = draw_image(3, (96, 96))
+    plain = image_input(processor, png)
+    (good,) = deferred_inputs(processor, [png], [plain], on_device=False)
+    assert isinstance(good.deferred, ProcessorPixels)
+    # two channels where the processor wants three: its steps raise (the shape claimed still fits)
+    broken = ProcessorPixels(good.deferred.handle, good.deferred.picture[:2], good.deferred.shape)
+    with pytest.raises(ValueError, match="mean must have 2 elements"):
+        broken.prepare()
+    bad = replace(good, deferred=broken, digest="f" * 64)
+    reqs = [request("good", good), request("bad", bad)]
+    prepare_pictures(reqs)  # no raise
+    engine.start()
+    try:
+        answers = run_all(engine, reqs)
+    finally:
+        engine.stop(drain_timeout_s=5)
+    assert tokens(answers["good"]) == tokens(engine_alone(model, processor, plain))
+    assert answers["bad"][-1].finish_reason is FinishReason.ERROR
+
+
+def engine_alone(model: Any, processor: Any, image: ImageInput) -> list[TokenEvent]:
+    engine = Engine(model, processor, EngineConfig(max_batch=1, prefix_cache=False, image_cache=False))
+    engine.start()
+    try:
+        return engine.generate_sync(request("alone", image), 60)
     finally:
         engine.stop(drain_timeout_s=5)
 
@@ -129,7 +203,8 @@ def tokens(events: list[TokenEvent]) -> list[int]:
 def test_the_engine_refuses_deferred_pixels_that_do_not_fit_the_grid() -> None:
     model, processor = load_bundled()
     handle = ImageProcessorHandle.wrap(processor.image_processor)
-    handle.device_table = table = PixelTable.build(handle)
+    handle.table = table = PixelTable.build(handle)
+    handle.finish_on_device = True
     assert table is not None
     engine = Engine(model, processor, EngineConfig(max_batch=2))
     picture = handle.wire(Image.open(io.BytesIO(draw_image(5, (96, 96)))).convert("RGB"))
