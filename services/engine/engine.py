@@ -393,6 +393,11 @@ class Engine:
             if not (self._submitted or self._inbox or self._cancels or self._stopping):
                 self._cv.wait(timeout=HELD_RECHECK_S)
 
+    def idle(self) -> bool:
+        """No request in flight (submitted and not finished): one submitted now is rendered at once."""
+        with self._cv:
+            return not self._known
+
     def has_batch_work(self) -> bool:
         """A batch-priority request is submitted and not finished (only then can a hold matter)."""
         with self._cv:

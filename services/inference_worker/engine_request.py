@@ -135,9 +135,10 @@ class TablePixels:
 
 class ProcessorPixels:
     """A uint8 picture the processor finishes (its numpy steps) once, on whichever thread asks
-    first: the worker's main thread right after it handed the job to the engine (``prepare``), while
-    the engine's thread renders the prompt; or the engine's, encoding the image (``make``). The
-    engine takes the shape (from the processor's table) before the values."""
+    first: the worker's main thread (``prepare``: right after it handed the job to an idle engine,
+    while the engine's thread renders the prompt; before the hand-over to a busy one), or the
+    engine's, encoding the image (``make``). The engine takes the shape (from the processor's table)
+    before the values."""
 
     def __init__(self, handle: ImageProcessorHandle, picture: torch.Tensor, shape: tuple[int, int]) -> None:
         self.handle, self.picture, self.shape = handle, picture, shape

@@ -288,13 +288,20 @@ class InferenceWorker:
         if not ready:
             return
         items = [(request, lambda event, run=run: self.writer.put(run, event)) for run, request in ready]
+        requests = [request for _, request in ready]
+        # An idle engine renders the prompts while this thread finishes the pictures; a busy one
+        # would take them at its next step and, got there first, finish them on its own thread.
+        overlap = self.engine.idle()
+        if not overlap:
+            prepare_pictures(requests)
         try:
             refused = self.engine.submit_many(items)
         except Exception as exc:  # an engine bug: the jobs must still end
             for run, _ in ready:
                 self._broken(run.entry, exc)
             return
-        prepare_pictures(request for request, _ in items)  # while the engine renders the prompts
+        if overlap:
+            prepare_pictures(requests)
         for (run, _), why in zip(ready, refused, strict=True):
             if why is not None:
                 self._reject(run.entry, run.attempt, why)

@@ -503,3 +503,27 @@ def _submit_while_stopping(
     for t in threads:
         t.join()
     return ended, refused
+
+
+def test_the_engine_is_idle_only_while_no_request_is_in_flight(bundled, make_engine):
+    """``idle`` tells the inference worker whether a request it submits is rendered at once (it then
+    finishes the request's pictures beside the rendering, not before the hand-over)."""
+    model, proc = bundled
+    engine = make_engine(model, proc, max_batch=2)
+    assert engine.idle()
+    started, finished = threading.Event(), threading.Event()
+
+    def on_event(ev: TokenEvent) -> None:
+        started.set()
+        if ev.finished:
+            finished.set()
+
+    engine.submit(_req(proc, "long", max_tokens=400), on_event)
+    assert not engine.idle()  # submitted, not rendered yet
+    assert started.wait(30)
+    assert not engine.idle()  # running
+    assert engine.cancel("long") and finished.wait(30)
+    deadline = time.monotonic() + 5
+    while not engine.idle() and time.monotonic() < deadline:  # the final event precedes the bookkeeping
+        time.sleep(0.01)
+    assert engine.idle()
