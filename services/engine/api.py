@@ -50,9 +50,11 @@ class SamplingParams:
 
 
 class DeferredPixels(Protocol):
-    """Pixel values the engine makes on its own device when it encodes the image (a picture shipped
-    as uint8 and finished there: ``services.vlm.pixel_table``). ``make`` returns float32 values, all
-    finite (its maker checks that once, where it is built)."""
+    """Pixel values made when the engine encodes the image, where they were not made before: a
+    picture shipped as uint8 and finished on the engine's device (``services.vlm.pixel_table``), or
+    by the image processor on the first thread that asks (the inference worker's
+    ``ProcessorPixels``). ``shape`` is known first; ``make`` returns float32 values, all finite (the
+    processor's table, checked finite where it is built, shows its values are), or raises."""
 
     @property
     def shape(self) -> tuple[int, int]: ...
@@ -63,7 +65,7 @@ class DeferredPixels(Protocol):
 @dataclass(frozen=True)
 class ImageInput:
     """One preprocessed image: the model image processor's output plus the digest of the source bytes.
-    ``pixel_values`` is None where ``deferred`` makes them on the engine's device (grid models only)."""
+    ``pixel_values`` is None where ``deferred`` makes them when the image is encoded (grid models only)."""
 
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor  # (1, 3) for Qwen2-VL/GLM-4V style processors

@@ -91,7 +91,7 @@ class Architecture:
         pv = image.pixel_values
         where = f"image {index}"
         if pv is None and image.deferred is not None and self.grid:
-            pass  # made on the device when encoded, finite by construction; its shape is checked below
+            pass  # made when encoded, finite by its maker's contract; its shape is checked below
         elif not isinstance(pv, torch.Tensor) or not pv.is_floating_point():
             raise RequestRejected(f"{where}: pixel_values must be a floating-point tensor")
         elif not torch.isfinite(pv.sum()):  # NaN/Inf anywhere reach the sum: one pass, no bool copy

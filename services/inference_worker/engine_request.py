@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ from services.vlm.image_processor import RESIZED, ImageProcessorHandle
 from services.vlm.pixel_table import PixelTable
 from shared.schemas import ChatTurn, JobSpec, ResponseFormat, SamplingSpec
 from shared.tensors import TensorCodecError, unpack_images
-
-log = logging.getLogger(__name__)
 
 
 def chat_messages(turns: list[ChatTurn]) -> list[dict[str, Any]]:
@@ -97,7 +94,7 @@ def unpack_wires(handle: ImageProcessorHandle, payload: bytes, digests: list[str
 
 def wire_inputs(handle: ImageProcessorHandle, wires: dict[str, Wire]) -> dict[str, ImageInput]:
     """Wire tensors by digest -> ImageInput by digest (``wire_input``). TensorCodecError when one is
-    unreadable."""
+    unreadable (a deferred picture's values: when they are made, ``ProcessorPixels.prepare``)."""
     try:
         return {d: wire_input(handle, t, d) for d, t in wires.items()}
     except (ValueError, KeyError) as exc:
@@ -144,27 +141,40 @@ class ProcessorPixels:
         self.handle, self.picture, self.shape = handle, picture, shape
         self._lock = threading.Lock()
         self._values: torch.Tensor | None = None
+        self._failure: Exception | None = None  # raised again, never retried: the work is done once
 
     def prepare(self) -> torch.Tensor:
+        """The values (TensorCodecError where the processor cannot finish the picture)."""
         with self._lock:
-            if self._values is None:
-                self._values = self.handle.finish(self.picture.numpy())["pixel_values"]
+            if self._values is None and self._failure is None:
+                try:
+                    self._values = _float32(self.handle.finish(self.picture.numpy())["pixel_values"])
+                except Exception as exc:
+                    self._failure = TensorCodecError(f"decoded image unreadable: {exc}")
+            if self._failure is not None:
+                raise self._failure
+            assert self._values is not None
             return self._values
 
     def make(self, device: torch.device) -> torch.Tensor:
         return self.prepare().to(device)
 
 
-def prepare_pictures(requests: Iterable[GenerationRequest]) -> None:
-    """Finish the submitted requests' ``ProcessorPixels`` on this thread. A failure is left to the
-    engine: its ``make`` raises again, and only that request fails."""
-    for request in requests:
-        for image in request.images:
-            if isinstance(image.deferred, ProcessorPixels):
-                try:
-                    image.deferred.prepare()
-                except Exception:
-                    log.debug("picture %s not finished ahead of the engine", image.digest[:12], exc_info=True)
+def prepare_pictures(requests: Iterable[GenerationRequest]) -> list[TensorCodecError | None]:
+    """Finish the requests' ``ProcessorPixels`` on this thread; per request, why one of its
+    pictures cannot be finished (else None). A request already submitted with such a picture fails
+    in the engine, whose ``make`` raises the same error: only that request."""
+    return [_prepared(request) for request in requests]
+
+
+def _prepared(request: GenerationRequest) -> TensorCodecError | None:
+    for image in request.images:
+        if isinstance(image.deferred, ProcessorPixels):
+            try:
+                image.deferred.prepare()
+            except TensorCodecError as exc:
+                return exc
+    return None
 
 
 def needs_image(spec: JobSpec) -> bool:

@@ -64,8 +64,9 @@ def attach_pixel_table(pixels: ImageProcessorHandle, settings: InferenceSettings
     """The processor's steps after the resize as a table, where they are one (``PixelTable.build``):
     the engine then takes a picture's shape before its values. Where ``pixels_on_device`` resolves
     on, the engine makes the values from the table on its device; else the processor's own steps
-    make them on the worker's main thread while the engine's thread renders the prompt (on the CPU
-    numpy's steps are as fast as the table's)."""
+    make them (``engine_request.ProcessorPixels``: on the CPU numpy's steps are as fast as the
+    table's), on the worker's main thread before the hand-over to a busy engine, after it to an idle
+    one, while the engine's thread renders the prompt."""
     wanted = settings.pixels_on_device == "true" or (
         settings.pixels_on_device == "auto" and resolve_device(settings.device) != "cpu"
     )

@@ -287,26 +287,35 @@ class InferenceWorker:
         """One hand-over to the engine; it validates each request (refused ones fail their job)."""
         if not ready:
             return
-        items = [(request, lambda event, run=run: self.writer.put(run, event)) for run, request in ready]
-        requests = [request for _, request in ready]
         # An idle engine renders the prompts while this thread finishes the pictures; a busy one
         # would take them at its next step and, got there first, finish them on its own thread.
         overlap = self.engine.idle()
         if not overlap:
-            prepare_pictures(requests)
+            ready = self._finished_first(ready)
+        items = [(request, lambda event, run=run: self.writer.put(run, event)) for run, request in ready]
         try:
             refused = self.engine.submit_many(items)
         except Exception as exc:  # an engine bug: the jobs must still end
             for run, _ in ready:
                 self._broken(run.entry, exc)
             return
-        if overlap:
-            prepare_pictures(requests)
+        if overlap:  # a picture that cannot be finished fails its request in the engine, alone
+            prepare_pictures(request for _, request in ready)
         for (run, _), why in zip(ready, refused, strict=True):
             if why is not None:
                 self._reject(run.entry, run.attempt, why)
             else:
                 self.task_events.job_started(run.spec.job_id, run.attempt)
+
+    def _finished_first(self, ready: list[Ready]) -> list[Ready]:
+        """The jobs whose pictures are finished; one with a picture that cannot be is rejected."""
+        kept = []
+        for (run, request), why in zip(ready, prepare_pictures(r for _, r in ready), strict=True):
+            if why is None:
+                kept.append((run, request))
+            else:
+                self._reject(run.entry, run.attempt, why)
+        return kept
 
     def _refusal(self, record: JobRecord, attempt: int, cancelled: bool) -> JobStatus | None:
         """Cancelled or expired before it ran: finish it now, never generate."""

@@ -31,9 +31,10 @@ GREY = (128, 128, 128)
 
 
 def blank_image(engine: Engine, pixels: ImageProcessorHandle) -> ImageInput | None:
-    """A grey square the way a job's picture arrives: the decode worker's wire form, made whole
-    again here (``engine_request.wire_input``: on the engine's device where the worker finishes
-    pictures there); None for a model without an image processor."""
+    """A grey square the way a job's picture arrives: the decode worker's wire form, handed to the
+    engine as a job's is (``engine_request.wire_input``: finished when the engine encodes it, on its
+    device or by the processor, where the processor's steps are a table); None for a model without
+    an image processor."""
     if engine.image_processor is None:
         return None
     picture = Image.new("RGB", (224, 224), GREY)

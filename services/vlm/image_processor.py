@@ -4,8 +4,9 @@ split at its resize.
 The decode worker runs the processor's steps up to and including its resize (``wire``) and ships
 the resized picture as uint8: the cheapest exact form of what the model sees (168 x 168 x 3 bytes
 for the bundled model, against 393 KB of float16 patches). The inference worker runs the rest
-(rescale, normalise, patchify: ``from_wire``) with the same processor, so the pixel values are
-the processor's own, bit for bit. Whether a processor splits exactly is checked once, at load,
+(rescale, normalise, patchify: ``finish``, ``from_wire``) with the same processor, or where those
+steps are a table (``services.vlm.pixel_table``) the engine runs it on its device, so the pixel
+values are the processor's own, bit for bit. Whether a processor splits exactly is checked once, at load,
 on a probe picture; one that does not ships its full output (float16), as before.
 
 ``processor_id`` (hash of the config) travels with the pixels: pixels made by another processor

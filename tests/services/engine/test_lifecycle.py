@@ -524,6 +524,6 @@ def test_the_engine_is_idle_only_while_no_request_is_in_flight(bundled, make_eng
     assert not engine.idle()  # running
     assert engine.cancel("long") and finished.wait(30)
     deadline = time.monotonic() + 5
-    while not engine.idle() and time.monotonic() < deadline:  # the final event precedes the bookkeeping
+    while not engine.idle() and time.monotonic() < deadline:  # a margin: the callback runs on its thread
         time.sleep(0.01)
     assert engine.idle()

@@ -29,6 +29,7 @@ from services.inference_worker.engine_request import (
 )
 from services.vlm.image_processor import RESIZED, ImageProcessorHandle
 from services.vlm.pixel_table import PixelTable
+from shared.tensors import TensorCodecError
 from tests.services.engine.reference import run_all
 from tests.support import models
 from tests.support.jobs import image_bytes
@@ -157,8 +158,10 @@ def test_deferred_processor_pixels_are_made_once_by_the_first_thread_that_asks()
 
 
 def test_a_picture_that_cannot_be_finished_fails_its_own_request_only() -> None:
-    """``prepare_pictures`` leaves a failure to the engine: its ``make`` raises again on the engine's
-    thread, and the batched prefill isolates that request; the one beside it is answered."""
+    """``prepare_pictures`` says which request has a picture the processor cannot finish (the
+    worker rejects it before a busy engine gets it); one already submitted fails in the engine,
+    whose ``make`` raises the same error, not a second try: the batched prefill isolates that
+    request, and the one beside it is answered as alone."""
     model, processor = load_bundled()
     engine = Engine(model, processor, EngineConfig(max_batch=4, prefix_cache=False, image_cache=False))
     png = draw_image(3, (96, 96))
@@ -167,11 +170,14 @@ def test_a_picture_that_cannot_be_finished_fails_its_own_request_only() -> None:
     assert isinstance(good.deferred, ProcessorPixels)
     # two channels where the processor wants three: its steps raise (the shape claimed still fits)
     broken = ProcessorPixels(good.deferred.handle, good.deferred.picture[:2], good.deferred.shape)
-    with pytest.raises(ValueError, match="mean must have 2 elements"):
-        broken.prepare()
     bad = replace(good, deferred=broken, digest="f" * 64)
     reqs = [request("good", good), request("bad", bad)]
-    prepare_pictures(reqs)  # no raise
+    good_why, bad_why = prepare_pictures(reqs)
+    assert good_why is None
+    assert isinstance(bad_why, TensorCodecError) and "decoded image unreadable" in str(bad_why)
+    with pytest.raises(TensorCodecError) as again:
+        broken.make(torch.device("cpu"))
+    assert again.value is bad_why  # the failure kept, the processor not run again
     engine.start()
     try:
         answers = run_all(engine, reqs)
@@ -179,6 +185,7 @@ def test_a_picture_that_cannot_be_finished_fails_its_own_request_only() -> None:
         engine.stop(drain_timeout_s=5)
     assert tokens(answers["good"]) == tokens(engine_alone(model, processor, plain))
     assert answers["bad"][-1].finish_reason is FinishReason.ERROR
+    assert "decoded image unreadable" in (answers["bad"][-1].error or "")
 
 
 def engine_alone(model: Any, processor: Any, image: ImageInput) -> list[TokenEvent]:
