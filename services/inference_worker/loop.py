@@ -292,6 +292,8 @@ class InferenceWorker:
         overlap = self.engine.idle()
         if not overlap:
             ready = self._finished_first(ready)
+            if not ready:
+                return
         items = [(request, lambda event, run=run: self.writer.put(run, event)) for run, request in ready]
         try:
             refused = self.engine.submit_many(items)
