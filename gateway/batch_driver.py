@@ -25,7 +25,7 @@ from gateway.errors import APIError, validation_message
 from gateway.intake import from_openai
 from gateway.job_records import ANY_TENANT, cancel_job
 from gateway.keyring import Tenant
-from gateway.openai_schema import ChatCompletionRequest, completion_json, terminal_error
+from gateway.openai_schema import ChatCompletionRequest, completion_json_of, terminal_error
 from gateway.state import GatewayState
 from shared.jobs import JobRecord
 from shared.schemas import ErrorCode, JobStatus
@@ -255,7 +255,7 @@ def _result_line(custom_id: str, job_id: str, record: JobRecord | None, model: s
     if record.status is not JobStatus.DONE:
         status, message, code = terminal_error(record.status, record.error_code, record.error)
         return _error_line(custom_id, status, message, code, job_id)
-    response = {"status_code": 200, "request_id": job_id, "body": completion_json(job_id, model, record)}
+    response = {"status_code": 200, "request_id": job_id, "body": completion_json_of(job_id, model, record)}
     line = {"id": f"batch_req_{job_id}", "custom_id": custom_id, "response": response, "error": None}
     return "out", json.dumps(line)
 

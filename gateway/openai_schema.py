@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.request_params import ID_PATTERN
 from shared.jobs import JobRecord
-from shared.schemas import ErrorCode, JobStatus
+from shared.schemas import ErrorCode, JobStatus, UsageInfo
 
 
 class ImageURL(BaseModel):
@@ -79,23 +79,35 @@ def usage_json(record_usage: Any) -> dict[str, Any]:
     }
 
 
-def completion_json(job_id: str, model: str, record: JobRecord) -> dict[str, Any]:
+def completion_json(
+    job_id: str,
+    model: str,
+    created_at: float,
+    text: str | None,
+    finish_reason: str | None,
+    usage: UsageInfo | None,
+) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{job_id}",
         "object": "chat.completion",
-        "created": int(record.created_at),
+        "created": int(created_at),
         "model": model,
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": record.text or ""},
+                "message": {"role": "assistant", "content": text or ""},
                 "logprobs": None,
-                "finish_reason": record.finish_reason or "stop",
+                "finish_reason": finish_reason or "stop",
             }
         ],
-        "usage": usage_json(record.usage),
+        "usage": usage_json(usage),
         "system_fingerprint": None,
     }
+
+
+def completion_json_of(job_id: str, model: str, record: JobRecord) -> dict[str, Any]:
+    """The completion of a finished job, from its record."""
+    return completion_json(job_id, model, record.created_at, record.text, record.finish_reason, record.usage)
 
 
 def chunk_json(

@@ -30,6 +30,7 @@ from gateway.openai_schema import (
     ChatCompletionRequest,
     chunk_json,
     completion_json,
+    completion_json_of,
     terminal_error,
     usage_json,
 )
@@ -37,8 +38,7 @@ from gateway.request_params import ID_PATTERN
 from gateway.routes.job_streams import SHUTDOWN_GRACE_S
 from gateway.state import GatewayState
 from gateway.stream_slots import SlotEventSourceResponse, StreamSlot
-from shared.jobs import JobRecord
-from shared.schemas import JobStatus
+from shared.schemas import JobEvent, JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -94,12 +94,36 @@ async def _answer(
             shutdown_grace_period=SHUTDOWN_GRACE_S,
         )
     with slot:
-        record = await _wait(request, state, accepted)
-    if record is None:  # client left: job_events already cancelled it
+        left, terminal = await _wait(request, state, accepted)
+    if left:  # job_events already cancelled it
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
-    if not record.status.terminal:  # the stream ended early: this gateway is shutting down
+    if terminal is None:
+        # No terminal event: the job is gone (404 from the read) or this gateway is shutting down.
+        return await _answer_without_end(state, accepted.spec.job_id, headers)
+    status = _status_of(terminal)
+    if status != JobStatus.DONE:
+        http, message, code = terminal_error(status, terminal.error_code, terminal.error)
+        raise APIError(http, message, code=code)
+    spec, model = accepted.spec, state.settings.model_name
+    body_json = completion_json(
+        spec.job_id, model, spec.created_at, terminal.final_text, terminal.finish_reason, terminal.usage
+    )
+    return JSONResponse(body_json, headers=headers)
+
+
+def _status_of(terminal: JobEvent) -> JobStatus:
+    """The job's final status, as ``FINISH_LUA`` wrote it with this event."""
+    if terminal.type == "done":
+        return JobStatus.DONE
+    return terminal.status or JobStatus.FAILED
+
+
+async def _answer_without_end(state: GatewayState, job_id: str, headers: dict[str, str]) -> JSONResponse:
+    """The job's stream ended with no terminal event: answer from its record."""
+    record = await load_record(state, job_id, ANY_TENANT)
+    if not record.status.terminal:  # this gateway is shutting down
         with contextlib.suppress(APIError):  # nobody will read this answer: free the batch slot
-            await cancel_job(state, accepted.spec.job_id, ANY_TENANT)
+            await cancel_job(state, job_id, ANY_TENANT)
         raise APIError(
             503,
             "gateway shutting down; retry the request",
@@ -109,18 +133,24 @@ async def _answer(
     if record.status != JobStatus.DONE:
         status, message, code = terminal_error(record.status, record.error_code, record.error)
         raise APIError(status, message, code=code)
-    return JSONResponse(
-        completion_json(accepted.spec.job_id, state.settings.model_name, record), headers=headers
-    )
+    model = state.settings.model_name
+    return JSONResponse(completion_json_of(job_id, model, record), headers=headers)
 
 
-async def _wait(request: Request, state: GatewayState, accepted: Accepted) -> JobRecord | None:
-    """The finished record, or None when the client disconnects first (then the job is cancelled)."""
+async def _wait(request: Request, state: GatewayState, accepted: Accepted) -> tuple[bool, JobEvent | None]:
+    """(whether the client left first, the job's terminal event if its stream had one).
+
+    The terminal event holds all the answer needs (``FINISH_LUA`` writes the record's result
+    fields from it): no read of the record after it. A client that leaves cancels the job."""
     job_id, after = accepted.spec.job_id, accepted.queued_event_id  # status events: not waited for
+    terminal: list[JobEvent] = []
 
     async def until_terminal() -> None:
-        async for _ in job_events(state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True):
-            pass
+        async for _, event in job_events(
+            state, job_id, after, "openai", cancel_on_disconnect=True, fresh=True
+        ):
+            if is_terminal(event):
+                terminal.append(event)
 
     async def until_disconnect() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -134,9 +164,9 @@ async def _wait(request: Request, state: GatewayState, accepted: Accepted) -> Jo
             task.cancel()
         await asyncio.gather(waiting, leaving, return_exceptions=True)
     if waiting not in done:
-        return None
+        return True, None
     waiting.result()
-    return await load_record(state, job_id, ANY_TENANT)
+    return False, terminal[0] if terminal else None
 
 
 async def _chunks(state: GatewayState, accepted: Accepted, include_usage: bool) -> AsyncIterator[str]:

@@ -88,6 +88,43 @@ async def test_openai_errors_follow_the_error_code(
     assert caught.value.body["code"] == code  # type: ignore[index]
 
 
+async def next_job(r: redis.Redis, gateway: ServiceStack) -> str:
+    seen = set(decode_tasks(r, gateway.key_prefix))
+    while not (new := [j for j in decode_tasks(r, gateway.key_prefix) if j not in seen]):
+        await asyncio.sleep(0.02)
+    return new[0]
+
+
+async def test_a_waiting_completion_answers_by_the_jobs_terminal_event(
+    oai: openai.AsyncOpenAI, client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
+) -> None:
+    """Cancelled through the jobs API while a non-streamed completion waits: that request gets
+    the cancellation (its terminal status event), not a completion."""
+    job = asyncio.create_task(next_job(r, gateway))
+    turn: Any = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}
+    call = asyncio.create_task(oai.chat.completions.create(model=gateway.settings.model_name, messages=[turn]))
+    job_id = await asyncio.wait_for(job, 10)
+    assert (await client.delete(f"/v1/jobs/{job_id}")).status_code == 200
+    with pytest.raises(openai.APIStatusError) as caught:
+        await asyncio.wait_for(call, 10)
+    assert caught.value.status_code == 499 and caught.value.body["code"] == "cancelled"  # type: ignore[index]
+
+
+async def test_a_waiting_completion_whose_job_vanishes_is_not_found(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, r: redis.Redis
+) -> None:
+    """The job's keys gone while a non-streamed completion waits (Redis evicted or flushed them):
+    the stream ends with no terminal event, and the answer is the record's absence (404)."""
+    job = asyncio.create_task(next_job(r, gateway))
+    turn: Any = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}
+    call = asyncio.create_task(oai.chat.completions.create(model=gateway.settings.model_name, messages=[turn]))
+    job_id = await asyncio.wait_for(job, 10)
+    r.delete(gateway.keys.job(job_id), gateway.keys.job_events(job_id))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await asyncio.wait_for(call, 10)
+    assert caught.value.status_code == 404 and caught.value.body["code"] == "job_not_found"  # type: ignore[index]
+
+
 async def test_cancel_before_start_and_cache_hits_are_counted(
     client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:
