@@ -95,15 +95,24 @@ async def next_job(r: redis.Redis, gateway: ServiceStack) -> str:
     return new[0]
 
 
+async def completion_waiting(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, r: redis.Redis
+) -> tuple[asyncio.Task[Any], str]:
+    """A non-streamed completion of a picture, waiting on its job (no worker runs it): the call's
+    task and the job's id."""
+    job = asyncio.create_task(next_job(r, gateway))
+    turn: Any = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}
+    model = gateway.settings.model_name
+    call = asyncio.create_task(oai.chat.completions.create(model=model, messages=[turn]))
+    return call, await asyncio.wait_for(job, 10)
+
+
 async def test_a_waiting_completion_answers_by_the_jobs_terminal_event(
     oai: openai.AsyncOpenAI, client: httpx.AsyncClient, gateway: ServiceStack, r: redis.Redis
 ) -> None:
     """Cancelled through the jobs API while a non-streamed completion waits: that request gets
     the cancellation (its terminal status event), not a completion."""
-    job = asyncio.create_task(next_job(r, gateway))
-    turn: Any = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}
-    call = asyncio.create_task(oai.chat.completions.create(model=gateway.settings.model_name, messages=[turn]))
-    job_id = await asyncio.wait_for(job, 10)
+    call, job_id = await completion_waiting(oai, gateway, r)
     assert (await client.delete(f"/v1/jobs/{job_id}")).status_code == 200
     with pytest.raises(openai.APIStatusError) as caught:
         await asyncio.wait_for(call, 10)
@@ -115,10 +124,7 @@ async def test_a_waiting_completion_whose_job_vanishes_is_not_found(
 ) -> None:
     """The job's keys gone while a non-streamed completion waits (Redis evicted or flushed them):
     the stream ends with no terminal event, and the answer is the record's absence (404)."""
-    job = asyncio.create_task(next_job(r, gateway))
-    turn: Any = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}
-    call = asyncio.create_task(oai.chat.completions.create(model=gateway.settings.model_name, messages=[turn]))
-    job_id = await asyncio.wait_for(job, 10)
+    call, job_id = await completion_waiting(oai, gateway, r)
     r.delete(gateway.keys.job(job_id), gateway.keys.job_events(job_id))
     with pytest.raises(openai.APIStatusError) as caught:
         await asyncio.wait_for(call, 10)
