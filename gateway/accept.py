@@ -141,6 +141,21 @@ async def _record_refused(state: GatewayState, job: PreparedJob, error: str) -> 
         await fail_job(state, job.spec.job_id, error)
     except redis.RedisError:  # the answer is a 503 either way; the sweeper drops its admission
         log.warning("job %s: could not record the failure", job.spec.job_id, exc_info=True)
+    except Exception:  # the job cannot be written at all: at least give its queue place back
+        log.exception("job %s: could not record the failure", job.spec.job_id)
+        await _release_admission(state, job.spec)
+
+
+async def _release_admission(state: GatewayState, spec: JobSpec) -> None:
+    """Free the place ``ADMIT_LUA`` reserved for a job that will never be written (best effort)."""
+    keys, job_key = state.keys, state.keys.job(spec.job_id)
+    try:
+        async with state.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(keys.active_jobs(), job_key)
+            pipe.zrem(keys.interactive_jobs(), job_key)
+            await pipe.execute()
+    except redis.RedisError:
+        log.warning("job %s: could not release its queue place", spec.job_id, exc_info=True)
 
 
 def _queue_next_stage(

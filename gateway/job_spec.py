@@ -14,6 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from pydantic_core import PydanticSerializationError
+
 from gateway.conversations import Conversation, load_conversation, new_conversation_fields
 from gateway.errors import APIError
 from gateway.image_checks import CheckedImage
@@ -61,6 +63,31 @@ def sampling_spec(
 
 
 async def build_job(state: GatewayState, sub: Submission) -> PreparedJob:
+    """The job a submission asks for, refused (400) if any of its text cannot be stored."""
+    job = await _build_job(state, sub)
+    check_storable(job.spec)
+    return job
+
+
+def check_storable(spec: JobSpec) -> None:
+    """Refuse text Redis cannot hold as UTF-8: a JSON body may escape a lone UTF-16 surrogate
+    (``"\\ud800"``), which Python decodes into a ``str`` that no UTF-8 writer accepts. Caught here,
+    before quotas and admission are charged, it is the client's 400, never a 500 with a place held
+    in the queue. The spec's own serialisation checks every field (messages, stop strings, schema)."""
+    try:
+        spec.model_dump_json()
+    except PydanticSerializationError as exc:
+        if "surrogates not allowed" not in str(exc):
+            raise
+        raise APIError(
+            400,
+            "the request's text is not valid Unicode: it holds a lone UTF-16 surrogate (an escape "
+            "from \\ud800 to \\udfff without its pair)",
+            code="invalid_unicode",
+        ) from exc
+
+
+async def _build_job(state: GatewayState, sub: Submission) -> PreparedJob:
     now = time.time()
     max_job_s = state.settings.max_job_s  # every job ends, whatever the client asked
     spec = JobSpec(

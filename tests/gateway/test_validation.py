@@ -177,3 +177,33 @@ async def test_session_system_prompt_is_fixed(client: httpx.AsyncClient, gateway
     sid = first.json()["session_id"]
     body = {"prompt": "More", "session_id": sid, "system": "Be verbose."}
     await assert_refused(gateway, client.post("/v1/jobs", json=body), 400, "system prompt is fixed")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            '{"model": "MODEL", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udfff"]}',
+        ),
+        ("/v1/jobs", '{"prompt": "What colour?", "system": "be \\udfff brief"}'),
+    ],
+    ids=["chat-content", "chat-stop", "jobs-system"],
+)
+async def test_lone_surrogates_are_refused_and_hold_no_queue_place(
+    client: httpx.AsyncClient, gateway: ServiceStack, path: str, body: str
+) -> None:
+    """JSON may escape half a UTF-16 pair; Python decodes it into a str no UTF-8 writer accepts.
+    Refused as the client's 400 before admission: repeated, such requests never fill the queue."""
+    headers = {"content-type": "application/json"}
+    content = body.replace("MODEL", gateway.settings.model_name).encode()
+    active = gateway.keys.active_jobs()
+    for _ in range(3):
+        request = client.post(path, content=content, headers=headers)
+        error = await assert_refused(gateway, request, 400, "not valid Unicode")
+        assert error["code"] == "invalid_unicode"
+    assert gateway.redis.zcard(active) == 0
