@@ -23,10 +23,15 @@ async def get_settings(state: Annotated[GatewayState, Depends(get_state)]) -> Ga
     return state.settings
 
 
-async def wants_no_cache(cache_control: Annotated[str | None, Header()] = None) -> bool:
-    """``Cache-Control: no-cache`` (or no-store) on the request bypasses the result cache."""
-    directives = {d.strip().lower() for d in (cache_control or "").split(",")}
-    return bool(directives & {"no-cache", "no-store"})
+async def wants_no_cache(
+    cache_control: Annotated[str | None, Header()] = None, pragma: Annotated[str | None, Header()] = None
+) -> bool:
+    """``Cache-Control: no-cache`` (or no-store, or max-age=0) on the request bypasses the result
+    cache; so does HTTP/1.0's ``Pragma: no-cache`` where no Cache-Control is sent (RFC 9111 5.4)."""
+    if cache_control is None:
+        return (pragma or "").strip().lower() == "no-cache"
+    directives = {d.strip().lower().replace(" ", "") for d in cache_control.split(",")}
+    return bool(directives & {"no-cache", "no-store", "max-age=0"})
 
 
 StateDep = Annotated[GatewayState, Depends(get_state)]

@@ -68,6 +68,14 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
+def json_error_message(error: dict[str, Any]) -> str:
+    """FastAPI's ``json_invalid`` error (its ``loc``: ("body", character offset)) as one line."""
+    where = [p for p in error.get("loc", ()) if isinstance(p, int)]
+    reason = (error.get("ctx") or {}).get("error", "JSON decode error")
+    at = f" at character {where[0]}" if where else ""
+    return f"body is not valid JSON: {reason}{at}"
+
+
 def _count(request: Request, status: int) -> None:
     """``vlmq_gateway_requests_rejected{status}`` (absent before the lifespan has run)."""
     state = getattr(request.app.state, "gateway", None)
@@ -90,8 +98,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        errors = list(exc.errors())
+        if bad_json := next((e for e in errors if e.get("type") == "json_invalid"), None):
+            _count(request, 400)  # as the jobs route says it: the body, not a field, is wrong
+            return JSONResponse(
+                error_body(400, json_error_message(bad_json), code="bad_json"), status_code=400
+            )
         _count(request, 422)
-        message, param = validation_message(list(exc.errors()))
+        message, param = validation_message(errors)
         return JSONResponse(error_body(422, message, param), status_code=422)
 
     async def on_redis_down(request: Request, exc: Exception) -> JSONResponse:

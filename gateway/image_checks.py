@@ -45,6 +45,7 @@ WRAPPED_INLINE_LIMIT = 64 * 1024  # base64 text the standard library decodes on 
 PAYLOAD_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlmq-payload")
 T = TypeVar("T")
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,", re.I)
+_URL_SCHEME = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,9 @@ def _base64_text(value: str, max_bytes: int, field: str) -> str:
     """The base64 part of ``value`` (a ``data:`` URL's payload), refused when it is a remote URL or
     decodes to more than ``max_bytes``."""
     text = value.strip()
-    if text.startswith(("http://", "https://")):
-        raise APIError(
-            400, f"{field}: remote image URLs are not fetched; send a data: URL or base64", param=field
-        )
+    if scheme := _URL_SCHEME.match(text):  # base64 holds no ':', so this is a URL
+        kind = "remote image" if scheme[1].lower() in ("http", "https") else f"'{scheme[1]}:' image"
+        raise APIError(400, f"{field}: {kind} URLs are not fetched; send a data: URL or base64", param=field)
     if text.startswith("data:"):
         match = _DATA_URL.match(text)
         if match is None:

@@ -19,7 +19,14 @@ from starlette.requests import Request
 from gateway.errors import APIError
 from gateway.image_checks import CheckedImage, read_image, read_upload
 from gateway.keyring import Priority, Tenant
-from gateway.openai_schema import ChatCompletionRequest, ChatMessage, image_url, parts
+from gateway.openai_schema import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ContentPart,
+    image_url,
+    parts,
+    unsupported_parameter,
+)
 from gateway.request_params import GenerationOptions, check_max_tokens, parse_params, validated
 from gateway.response_format import parse_response_format
 from shared.config import GatewaySettings
@@ -226,6 +233,7 @@ async def from_openai(
     )
     check_max_tokens(options, settings)
     check_conversation_size(req.messages, settings)
+    check_openai_request(req)
     response_format = parse_response_format(req.response_format, options.stop, options.min_tokens)
     turns, images = await _openai_turns(req.messages, settings)
     return Submission(
@@ -238,6 +246,21 @@ async def from_openai(
         use_result_cache=not no_cache,
         priority=req.priority,
     )
+
+
+def check_openai_request(req: ChatCompletionRequest) -> None:
+    """A parameter vlmq does not implement, or a last user message that asks nothing: 400."""
+    if name := unsupported_parameter(req):
+        raise APIError(400, f"{name}: not supported by this server", param=name, code="unsupported_parameter")
+    last = req.messages[-1]
+    if last.role == "user" and not any(_asks(part) for part in parts(last)):
+        where = f"messages[{len(req.messages) - 1}].content"
+        raise APIError(400, f"{where}: the last user message is empty", param=where, code="empty_message")
+
+
+def _asks(part: ContentPart) -> bool:
+    """A part that asks something: an image, or text that is not blank."""
+    return part.type not in ("text", "input_text") or bool((part.text or "").strip())
 
 
 def check_conversation_size(messages: list[ChatMessage], settings: GatewaySettings) -> None:

@@ -50,21 +50,46 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI knobs are accepted and ignored
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    max_tokens: int | None = Field(None, ge=1, strict=True)  # strict: `true` is not 1
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, strict=True)
+    seed: int | None = Field(None, ge=0, lt=2**63, strict=True)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
-    stream: bool = False
+    stream: bool = Field(False, strict=True)  # strict: "yes" is not true
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=ID_PATTERN)
     priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
-    min_tokens: int = Field(0, ge=0)  # vLLM's extra sampling parameters
-    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, strict=True)  # vLLM's extra sampling parameters
+    ignore_eos: bool = Field(False, strict=True)
     response_format: dict[str, Any] | None = None  # checked by gateway.response_format
+
+
+# OpenAI parameters vlmq does not implement, with the test that a value asks for them: sent with
+# their neutral value (as many clients do) they are accepted; asking for them is a 400, never a
+# silent answer without them.
+UNSUPPORTED: dict[str, Any] = {
+    "logprobs": bool,
+    "top_logprobs": lambda v: v not in (None, 0),
+    "tools": bool,
+    "functions": bool,
+    "tool_choice": lambda v: v not in (None, "none", "auto"),
+    "function_call": lambda v: v not in (None, "none", "auto"),
+    "logit_bias": bool,
+    "presence_penalty": lambda v: v not in (None, 0),
+    "frequency_penalty": lambda v: v not in (None, 0),
+    "audio": bool,
+    "modalities": lambda v: v not in (None, ["text"]),
+    "prediction": bool,
+}
+
+
+def unsupported_parameter(req: ChatCompletionRequest) -> str | None:
+    """The first parameter the request asks for that vlmq does not implement, or None."""
+    extra = req.model_extra or {}
+    return next((name for name, asks in UNSUPPORTED.items() if name in extra and asks(extra[name])), None)
 
 
 def usage_json(record_usage: Any) -> dict[str, Any]:

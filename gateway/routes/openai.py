@@ -45,8 +45,25 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 @router.get("/models")
 async def list_models(state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(state.settings.model_name)]}
+
+
+@router.get("/models/{model_id:path}")  # names like org/model
+async def get_model(model_id: str, state: StateDep, _tenant: TenantDep) -> dict[str, Any]:
+    """The official clients' ``models.retrieve``."""
     name = state.settings.model_name
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "vlmq"}]}
+    if model_id != name:
+        raise APIError(
+            404,
+            f"model {model_id!r} not found; this server serves {name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    return _model_card(name)
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "vlmq"}
 
 
 @router.post("/chat/completions", response_model=None)

@@ -206,6 +206,109 @@ async def test_error_shapes(
     assert words in body["message"]
 
 
+async def test_retrieve_model(oai: openai.AsyncOpenAI, gateway: ServiceStack) -> None:
+    name = gateway.settings.model_name
+    assert (await oai.models.retrieve(name)).id == name
+    with pytest.raises(openai.NotFoundError) as info:
+        await oai.models.retrieve("gpt-4o")
+    assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"42": 10}}, "logit_bias"),
+    ],
+    ids=["logprobs", "top-logprobs", "tools", "presence-penalty", "logit-bias"],
+)
+async def test_unsupported_parameters_are_refused(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, kwargs: dict[str, Any], param: str
+) -> None:
+    """Asked for, a knob vlmq does not implement is a 400 naming it, not an answer without it."""
+    args: Any = {"model": gateway.settings.model_name, "messages": [user_turn("x")], **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        await oai.chat.completions.create(**args)
+    body: Any = info.value.body
+    assert body["param"] == param and body["code"] == "unsupported_parameter"
+
+
+async def test_neutral_values_of_unsupported_parameters_are_accepted(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, fake_worker: list[str]
+) -> None:
+    """Clients that send every knob at its default are served."""
+    resp = await oai.chat.completions.create(
+        model=gateway.settings.model_name,
+        messages=[user_turn("What shape?")],
+        logprobs=False,
+        presence_penalty=0,
+        frequency_penalty=0,
+        tools=[],  # type: ignore[arg-type]
+        tool_choice="none",
+        extra_headers={"Cache-Control": "no-cache"},
+    )
+    assert resp.choices[0].message.content == "A blue circle."
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n ", []], ids=["null", "empty", "blank", "no-parts"])
+async def test_an_empty_question_is_refused(
+    client: httpx.AsyncClient, gateway: ServiceStack, content: Any
+) -> None:
+    before = set(gateway.redis.scan_iter(match=f"{gateway.key_prefix}:*"))
+    body = {"model": gateway.settings.model_name, "messages": [{"role": "user", "content": content}]}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "empty_message" and error["param"] == "messages[0].content"
+    assert set(gateway.redis.scan_iter(match=f"{gateway.key_prefix}:*")) == before
+
+
+@pytest.mark.parametrize(
+    ("field", "raw", "words"),
+    [
+        ("temperature", "NaN", "finite number"),
+        ("max_tokens", "true", "valid integer"),
+        ("stream", '"yes"', "valid boolean"),
+    ],
+)
+async def test_values_are_not_coerced(
+    client: httpx.AsyncClient, gateway: ServiceStack, field: str, raw: str, words: str
+) -> None:
+    """``true`` is not a token count, ``"yes"`` not a boolean, NaN not a temperature."""
+    messages = '[{"role": "user", "content": "hi"}]'
+    body = f'{{"model": "{gateway.settings.model_name}", "messages": {messages}, "{field}": {raw}}}'
+    resp = await client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and words in error["message"]
+
+
+@pytest.mark.parametrize(("url", "words"), [("file:///etc/passwd", "'file:' image URLs are not fetched")])
+async def test_image_urls_of_other_schemes_are_named(
+    client: httpx.AsyncClient, gateway: ServiceStack, url: str, words: str
+) -> None:
+    part = {"type": "image_url", "image_url": {"url": url}}
+    turn = {"role": "user", "content": [{"type": "text", "text": "What colour?"}, part]}
+    resp = await client.post(
+        "/v1/chat/completions", json={"model": gateway.settings.model_name, "messages": [turn]}
+    )
+    assert resp.status_code == 400 and words in resp.json()["error"]["message"], resp.text
+
+
+async def test_a_body_that_is_not_json_is_a_400(client: httpx.AsyncClient) -> None:
+    headers = {"content-type": "application/json"}
+    resp = await client.post("/v1/chat/completions", content=b'{"model": "m", "messages": [', headers=headers)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "bad_json" and error["param"] is None
+    assert error["message"].startswith("body is not valid JSON") and "at character" in error["message"]
+
+
 async def test_stream_disconnect_cancels_job(gateway: ServiceStack, r: redis.Redis) -> None:
     """Nobody answers: the client reads the first chunk, then goes away -> cancel flag + cancelled."""
     body = {"model": gateway.settings.model_name, "messages": [user_turn("Slow?")], "stream": True}

@@ -70,9 +70,14 @@ async def test_hit_miss_and_bypass(client: httpx.AsyncClient, gateway: ServiceSt
     turns = (await client.get("/v1/sessions/rc-1")).json()["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] and turns[-1]["text"] == "Green."
 
+    bypasses = [{"Cache-Control": "no-cache"}, {"Cache-Control": "max-age=0"}, {"Pragma": "no-cache"}]
+    for headers in bypasses:  # each asks for a fresh answer (RFC 9111: Pragma where no Cache-Control)
+        r.delete(gateway.keys.conversation("rc-1"))
+        bypass = await post(client, headers=headers)
+        assert bypass.json()["status"] == "queued" and bypass.headers["x-vlmq-result-cache"] == "bypass"
     r.delete(gateway.keys.conversation("rc-1"))
-    bypass = await post(client, headers={"Cache-Control": "no-cache"})
-    assert bypass.json()["status"] == "queued" and bypass.headers["x-vlmq-result-cache"] == "bypass"
+    kept = await post(client, headers={"Pragma": "no-cache", "Cache-Control": "max-age=60"})
+    assert kept.json()["status"] == "done"  # Cache-Control, when sent, decides
 
 
 async def test_sampling_is_never_cached(
