@@ -7,7 +7,8 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -84,9 +85,19 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.add_middleware(TraceparentHeader)  # FastAPI itself makes the request spans
     routers = (jobs, job_streams, conversations, chat_ws, openai, batches, dead_letters, status, health, web)
     for module in routers:
+        if module is not job_streams:  # an event stream has no whole response to describe
+            answer_head(module.router)
         app.include_router(module.router)
     web.mount_files(app)
     return app
+
+
+def answer_head(router: APIRouter) -> None:
+    """HEAD wherever GET answers (RFC 9110 9.3.2; uptime checks and load balancers send it):
+    Starlette's own routes do so, FastAPI's do not. The server sends the headers, no body."""
+    for route in router.routes:
+        if isinstance(route, APIRoute) and route.methods and "GET" in route.methods:
+            route.methods.add("HEAD")
 
 
 def create_metrics_app(main: FastAPI) -> Starlette:

@@ -54,7 +54,8 @@ def _check_line(line: str, number: int, seen: set[str]) -> str:
 async def store_file(
     state: GatewayState, tenant: str | None, purpose: str, filename: str, lines: list[str], size: int
 ) -> dict[str, Any]:
-    file_id, now, ttl = new_file_id(), int(time.time()), state.settings.batch_file_ttl_s
+    created, ttl = time.time(), state.settings.batch_file_ttl_s
+    file_id, now = new_file_id(), int(created)
     record = {
         "id": file_id,
         "object": "file",
@@ -72,7 +73,7 @@ async def store_file(
         if lines:
             pipe.rpush(keys.file_lines(file_id), *lines)
             pipe.expire(keys.file_lines(file_id), ttl)
-        pipe.zadd(keys.tenant_files(tenant), {file_id: now})
+        pipe.zadd(keys.tenant_files(tenant), {file_id: created})  # the list's order
         pipe.expire(keys.tenant_files(tenant), ttl)
         await pipe.execute()
     return record
@@ -91,3 +92,62 @@ async def file_content(state: GatewayState, file_id: str, tenant: str | None) ->
     await load_file(state, file_id, tenant)
     lines: Any = await state.redis.lrange(state.keys.file_lines(file_id), 0, -1)
     return b"".join(line + b"\n" for line in lines)
+
+
+async def page_of(redis: Any, key: str, limit: int, after: str | None) -> tuple[list[str], bool]:
+    """Up to ``limit`` members of a sorted set, newest first, after member ``after``; and whether
+    more follow. An ``after`` not in the set (another tenant's, or expired) is a 400."""
+    start = 0
+    if after:
+        rank = await redis.zrevrank(key, after)
+        if rank is None:
+            raise APIError(400, f"after: {after[:80]!r} is not in this list (expired?)", param="after")
+        start = rank + 1
+    ids: Any = await redis.zrevrange(key, start, start + limit)  # one more: does a next page exist
+    return [as_str(i) for i in ids[:limit]], len(ids) > limit
+
+
+async def list_files(
+    state: GatewayState, tenant: str | None, purpose: str | None, limit: int, after: str | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """The tenant's files, newest first (of ``purpose`` only, if given); and whether more follow."""
+    files: list[dict[str, Any]] = []
+    key, more = state.keys.tenant_files(tenant), True
+    while more and len(files) < limit:
+        ids, more = await page_of(state.redis, key, limit, after)
+        for file_id in ids:
+            after = file_id
+            try:
+                record = await load_file(state, file_id, tenant)
+            except APIError:  # expired meanwhile
+                continue
+            if purpose is None or record["purpose"] == purpose:
+                files.append(record)
+    return files[:limit], more or len(files) > limit
+
+
+async def delete_file(state: GatewayState, file_id: str, tenant: str | None) -> None:
+    """Delete a file the tenant owns; refused (409) while it is the input of an unfinished batch."""
+    await load_file(state, file_id, tenant)
+    if batch_id := await _batch_reading(state, file_id):
+        raise APIError(
+            409,
+            f"file {file_id!r} is the input of batch {batch_id!r}, which has not finished; cancel it first",
+            param="file_id",
+            code="file_in_use",
+        )
+    keys = state.keys
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.file(file_id), keys.file_lines(file_id))
+        pipe.zrem(keys.tenant_files(tenant), file_id)
+        await pipe.execute()
+
+
+async def _batch_reading(state: GatewayState, file_id: str) -> str | None:
+    """The unfinished batch whose input is ``file_id``, if any."""
+    active: Any = await state.redis.smembers(state.keys.active_batches())
+    for batch_id in sorted(as_str(b) for b in active):
+        raw: Any = await state.redis.hget(state.keys.batch(batch_id), "batch")
+        if raw is not None and json.loads(raw).get("input_file_id") == file_id:
+            return batch_id
+    return None

@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from gateway.batch_files import ENDPOINT, load_file
+from gateway.batch_files import ENDPOINT, load_file, page_of
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from shared.values import as_str
@@ -34,11 +34,14 @@ async def create_batch(state: GatewayState, tenant: str | None, body: dict[str, 
         raise APIError(
             400, "completion_window: a whole number of hours such as 24h", param="completion_window"
         )
-    input_id = str(body.get("input_file_id", ""))
+    input_id = body.get("input_file_id")
+    if not isinstance(input_id, str) or not input_id:
+        raise APIError(400, "input_file_id: a file id (string) is required", param="input_file_id")
     if (await load_file(state, input_id, tenant))["purpose"] != "batch":
         raise APIError(400, "input_file_id: not a file uploaded with purpose batch", param="input_file_id")
     total = int(await state.redis.llen(state.keys.file_lines(input_id)))
-    now = int(time.time())
+    created = time.time()  # the list's order: to the microsecond, batches made in one second too
+    now = int(created)
     batch = {
         "id": f"batch_{uuid.uuid4().hex}",
         "object": "batch",
@@ -52,11 +55,11 @@ async def create_batch(state: GatewayState, tenant: str | None, body: dict[str, 
         "request_counts": {"total": total, "completed": 0, "failed": 0},
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
     }
-    await _save_new(state, tenant, batch)
+    await _save_new(state, tenant, batch, created)
     return batch
 
 
-async def _save_new(state: GatewayState, tenant: str | None, batch: dict[str, Any]) -> None:
+async def _save_new(state: GatewayState, tenant: str | None, batch: dict[str, Any], created: float) -> None:
     keys, ttl = state.keys, state.settings.batch_file_ttl_s
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(
@@ -64,7 +67,7 @@ async def _save_new(state: GatewayState, tenant: str | None, batch: dict[str, An
         )
         pipe.expire(keys.batch(batch["id"]), ttl)
         pipe.sadd(keys.active_batches(), batch["id"])
-        pipe.zadd(keys.tenant_batches(tenant), {batch["id"]: batch["created_at"]})
+        pipe.zadd(keys.tenant_batches(tenant), {batch["id"]: created})
         pipe.expire(keys.tenant_batches(tenant), ttl)
         await pipe.execute()
 
@@ -81,15 +84,19 @@ async def load_batch(state: GatewayState, batch_id: str, tenant: str | None) -> 
     return batch
 
 
-async def list_batches(state: GatewayState, tenant: str | None, limit: int) -> list[dict[str, Any]]:
-    ids: Any = await state.redis.zrevrange(state.keys.tenant_batches(tenant), 0, limit - 1)
+async def list_batches(
+    state: GatewayState, tenant: str | None, limit: int, after: str | None = None
+) -> tuple[list[dict[str, Any]], bool]:
+    """The tenant's batches, newest first, after the batch ``after`` (a page's last id); and
+    whether more follow."""
+    ids, more = await page_of(state.redis, state.keys.tenant_batches(tenant), limit, after)
     batches = []
     for batch_id in ids:
         try:
-            batches.append(await load_batch(state, as_str(batch_id), tenant))
+            batches.append(await load_batch(state, batch_id, tenant))
         except APIError:  # expired meanwhile
             continue
-    return batches
+    return batches, more
 
 
 async def cancel_batch(state: GatewayState, batch_id: str, tenant: str | None) -> dict[str, Any]:

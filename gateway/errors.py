@@ -12,8 +12,9 @@ from typing import Any
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,25 @@ def install_error_handlers(app: FastAPI) -> None:
         body = error_body(503, "job store unavailable, retry shortly", code="redis_unavailable")
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # The body never arrived whole (the client left, or sent broken chunked framing, which
+        # the server answered itself): the client's doing, 499 in the audit log, no traceback.
+        _count(request, 499)
+        return Response(status_code=499)
+
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(redis.exceptions.ConnectionError, on_redis_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, on_redis_down)
+
+
+def upgrade_required(path: str) -> APIError:
+    """A plain HTTP request to a WebSocket route (426, RFC 9110 15.5.22)."""
+    return APIError(
+        426,
+        f"{path} is a WebSocket endpoint; connect with a WebSocket client (Upgrade: websocket)",
+        code="upgrade_required",
+        headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+    )

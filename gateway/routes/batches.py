@@ -14,7 +14,14 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from gateway.auth import TenantDep, tenant_name
-from gateway.batch_files import check_batch_lines, file_content, load_file, store_file
+from gateway.batch_files import (
+    check_batch_lines,
+    delete_file,
+    file_content,
+    list_files,
+    load_file,
+    store_file,
+)
 from gateway.batches import cancel_batch, create_batch, list_batches, load_batch
 from gateway.deps import StateDep
 from gateway.errors import APIError
@@ -41,6 +48,24 @@ async def upload_file(request: Request, state: StateDep, tenant: TenantDep) -> d
         await form.close()
 
 
+@router.get("/files")
+async def get_files(
+    state: StateDep,
+    tenant: TenantDep,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    data, more = await list_files(state, tenant_name(tenant), purpose, limit, after)
+    return page(data, more)
+
+
+@router.delete("/files/{file_id}")
+async def remove_file(file_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    await delete_file(state, file_id, tenant_name(tenant))
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
 @router.get("/files/{file_id}")
 async def get_file(file_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
     return await load_file(state, file_id, tenant_name(tenant))
@@ -65,11 +90,19 @@ async def get_batch(batch_id: str, state: StateDep, tenant: TenantDep) -> dict[s
 
 @router.get("/batches")
 async def get_batches(
-    state: StateDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=100)] = 20
+    state: StateDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
-    data = await list_batches(state, tenant_name(tenant), limit)
+    data, more = await list_batches(state, tenant_name(tenant), limit, after)
+    return page(data, more)
+
+
+def page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page (the official client follows ``has_more`` with ``after=last_id``)."""
     first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": False}
+    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}
 
 
 @router.post("/batches/{batch_id}/cancel")

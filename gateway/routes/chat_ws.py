@@ -3,7 +3,8 @@
 
 Client -> server: a job as JSON (``prompt``, ``image`` as a data URL or omitted within a
 session, ``session_id``, sampling params, ``no_cache: true`` to bypass the result cache),
-or ``{"type": "cancel"}`` to stop the job that is streaming. Jobs sent while one streams
+or ``{"type": "cancel"}`` to stop the job that is streaming (a job may say ``"type": "job"``;
+any other type is an error event). Jobs sent while one streams
 wait their turn (in order), up to ``MAX_PENDING``; past that a submission is refused with an
 error event (the reader never blocks, so a ``cancel`` is always read at once).
 Server -> client: ``{"type": "accepted", "id", "session_id"}``, then the job's events
@@ -25,7 +26,7 @@ from starlette.websockets import WebSocketDisconnect
 from gateway.accept import submit
 from gateway.auth import accept_websocket
 from gateway.deps import StateDep
-from gateway.errors import APIError
+from gateway.errors import APIError, upgrade_required
 from gateway.intake import from_ws_message, parse_json_object
 from gateway.job_records import ANY_TENANT, cancel_job
 from gateway.keyring import Tenant
@@ -63,10 +64,13 @@ class _Connection:
                 except APIError as exc:  # the connection stays open: the next frame may be fine
                     await self.ws.send_json(_error(exc))
                     continue
-                if message.get("type") == "cancel":
+                kind = message.get("type")
+                if kind == "cancel":
                     await self.cancel_current()
-                else:
+                elif kind in (None, "job"):
                     await self.enqueue(message)
+                else:
+                    await self.ws.send_json(_error(_unknown_type(kind)))
 
     async def enqueue(self, message: dict[str, Any]) -> None:
         try:
@@ -102,6 +106,17 @@ def _parse(frame: Mapping[str, Any]) -> dict[str, Any]:
             400, "binary frames are not accepted: send each message as JSON text", code="bad_frame"
         )
     return parse_json_object(text, "message")
+
+
+def _unknown_type(kind: Any) -> APIError:
+    shown = ascii(kind)[:80]
+    message = f'type: unknown message type {shown}; send a job (no type, or "job") or {{"type": "cancel"}}'
+    return APIError(400, message, param="type", code="unknown_message_type")
+
+
+@router.get("/v1/chat/ws", include_in_schema=False)
+async def chat_over_http() -> None:
+    raise upgrade_required("/v1/chat/ws")
 
 
 @router.websocket("/v1/chat/ws")

@@ -17,7 +17,7 @@ from sse_starlette import EventSourceResponse
 
 from gateway.auth import TenantDep, accept_websocket, tenant_name
 from gateway.deps import StateDep
-from gateway.errors import APIError, error_body
+from gateway.errors import APIError, error_body, upgrade_required
 from gateway.event_reader import check_event_id
 from gateway.job_records import current_record
 from gateway.listeners import event_payload, job_events, until_disconnect, ws_open, ws_send_events
@@ -59,6 +59,11 @@ async def job_events_sse(
         shutdown_event=anyio.Event(),
         shutdown_grace_period=SHUTDOWN_GRACE_S,
     )
+
+
+@router.get("/{job_id}/stream", include_in_schema=False)
+async def stream_over_http(job_id: str) -> None:
+    raise upgrade_required("/v1/jobs/{id}/stream")
 
 
 @router.websocket("/{job_id}/stream")

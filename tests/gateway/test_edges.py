@@ -3,6 +3,7 @@ OpenAI's error shape (WebSocket: an error event or a close code), never a 500, a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -304,6 +305,7 @@ async def test_bad_frames_on_the_chat_websocket_get_an_error_event_and_the_conne
         "[1, 2]",
         "not json",
         json.dumps({"prompt": "Colour?", "image": DATA_URL[:40]}),  # truncated data URL
+        json.dumps({"type": "bogus", "prompt": "Colour?"}),  # neither a job nor a cancel
     ]
     async with connect(f"{gateway.ws_url}/v1/chat/ws", max_size=None) as ws:
         for frame in frames:
@@ -316,3 +318,47 @@ async def test_bad_frames_on_the_chat_websocket_get_an_error_event_and_the_conne
         reply = json.loads(await ws.recv())
         assert reply["type"] == "error" and "image" in reply["error"], reply
     assert stored_keys(gateway) == before
+
+
+@pytest.mark.parametrize(
+    "path", ["/healthz", "/readyz", "/v1/models", "/v1/status", "/metrics", "/", "/v1/jobs/" + "0" * 32]
+)
+async def test_head_answers_wherever_get_does(client: httpx.AsyncClient, path: str) -> None:
+    """Uptime checks and load balancers send HEAD: the GET's status and headers, no body."""
+    got, head = await client.get(path), await client.head(path)
+    assert head.status_code == got.status_code and head.status_code != 405
+    assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+
+
+async def test_broken_chunked_framing_is_the_clients_fault(gateway: ServiceStack) -> None:
+    """A body whose chunked framing breaks never arrives whole: the server answers 400 and the
+    gateway logs no 500 with a traceback (it was "Exception in ASGI application")."""
+    host, port = gateway.base_url.removeprefix("http://").split(":")
+    logged_before = len(gateway.procs["gateway"].log())
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    writer.write((head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n").encode())
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), 10)
+    writer.close()
+    assert b" 400 " in status_line
+    await asyncio.sleep(0.3)  # the gateway's log line comes after the answer
+    log = gateway.procs["gateway"].log()[logged_before:]
+    assert "route=/v1/jobs status=499" in log
+    assert "Exception in ASGI application" not in log and "status=500" not in log
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/ws", "/v1/jobs/" + "0" * 32 + "/stream"])
+async def test_plain_http_to_a_websocket_route_is_told_to_upgrade(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    resp = await client.get(path)
+    assert resp.status_code == 426 and resp.headers["upgrade"] == "websocket"
+    assert resp.json()["error"]["code"] == "upgrade_required"
+
+
+async def test_an_unknown_websocket_message_type_is_named(gateway: ServiceStack) -> None:
+    async with connect(f"{gateway.ws_url}/v1/chat/ws") as ws:
+        await ws.send(json.dumps({"type": "bogus"}))
+        reply = json.loads(await ws.recv())
+    assert reply["code"] == "unknown_message_type" and reply["param"] == "type" and "bogus" in reply["error"]
