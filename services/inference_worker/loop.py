@@ -382,7 +382,7 @@ class InferenceWorker:
             "worker_id": self.worker_id,
             "model": self.settings.model,
             "quantize": self.settings.quantize,
-            "device": self.settings.device,
+            "device": self.engine.config.device,  # resolved: "auto" names no device
             "healthy": self.healthy,
             "last_error": self.writer.error or self.engine.last_error,
             "ts": time.time(),

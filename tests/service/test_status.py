@@ -20,6 +20,7 @@ async def test_status_shows_the_worker_caches_and_recent_latency(
     assert status["model"] == service_stack.settings.model_name
     assert [w["id"] for w in status["workers"]] == [f"inference-{service_stack.key_prefix}"]
     assert status["workers"][0]["healthy"] and status["workers"][0]["capacity"] > 0
+    assert status["workers"][0]["device"] == "cpu"  # the device in use, never the setting "auto"
     assert {"prefix", "session", "image"} <= set(status["caches"])
     assert set(status["queues"]["decode"]) == {"decode", "decode.batch"}
     recent = status["recent"]
