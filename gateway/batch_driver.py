@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 
 from gateway.accept import submit
@@ -133,12 +134,25 @@ class BatchDriver:
         running = await self.redis.hgetall(self.keys.batch_inflight(batch.id))
         for line_no, job_id in running.items():
             raw = await self.redis.hgetall(self.keys.job(as_str(job_id)))
-            record = JobRecord.from_hash(raw) if raw else None
-            if record is not None and not record.status.terminal:
-                continue
-            custom_id = await self._custom_id(batch, int(line_no))
-            result = _result_line(custom_id, as_str(job_id), record, self.state.settings.model_name)
-            await self._record_result(batch, as_str(line_no), result)
+            try:
+                result = await self._collected(batch, int(line_no), as_str(job_id), raw)
+            except redis.RedisError:
+                raise
+            except Exception:  # a record this release cannot read: that line fails, not the batch
+                log.exception("batch %s: line %s could not be collected", batch.id, as_str(line_no))
+                result = _internal_error_line(await self._custom_id(batch, int(line_no)), as_str(job_id))
+            if result is not None:
+                await self._record_result(batch, as_str(line_no), result)
+
+    async def _collected(
+        self, batch: Batch, line_no: int, job_id: str, raw: dict[bytes, bytes]
+    ) -> tuple[str, str] | None:
+        """The line's result, or None while its job runs."""
+        record = JobRecord.from_hash(raw) if raw else None
+        if record is not None and not record.status.terminal:
+            return None
+        custom_id = await self._custom_id(batch, line_no)
+        return _result_line(custom_id, job_id, record, self.state.settings.model_name)
 
     async def _line(self, batch: Batch, line_no: int) -> dict[str, Any]:
         line = await self.redis.lindex(self.keys.file_lines(batch.input), line_no)
@@ -173,6 +187,12 @@ class BatchDriver:
                 return False
             error = _error_line(request["custom_id"], exc.status_code, exc.message, exc.code)
             await self._record_result(batch, str(line_no), error)
+            return True
+        except redis.RedisError:  # Redis away, not this line: the next tick starts it again
+            raise
+        except Exception:  # a bug this line's request runs into: it fails alone, the batch goes on
+            log.exception("batch %s: line %d could not be started", batch.id, line_no)
+            await self._record_result(batch, str(line_no), _internal_error_line(request.get("custom_id")))
             return True
         await self.redis.hset(self.keys.batch_inflight(batch.id), str(line_no), job_id)
         return True
@@ -260,8 +280,13 @@ def _result_line(custom_id: str, job_id: str, record: JobRecord | None, model: s
     return "out", json.dumps(line)
 
 
+def _internal_error_line(custom_id: str | None, job_id: str | None = None) -> tuple[str, str]:
+    message = "internal error: the request could not be run (the gateway's log says why)"
+    return _error_line(custom_id, 500, message, ErrorCode.INTERNAL, job_id)
+
+
 def _error_line(
-    custom_id: str, status: int | None, message: str, code: str | None, job_id: str | None = None
+    custom_id: str | None, status: int | None, message: str, code: str | None, job_id: str | None = None
 ) -> tuple[str, str]:
     error = {"code": code, "message": message}
     response = {"status_code": status, "request_id": job_id, "body": {"error": error}} if status else None

@@ -15,6 +15,7 @@ compactly (no whitespace), so a model cannot wander off into blank lines.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -26,6 +27,9 @@ from services.engine.api import RequestRejected, StructuredOutput
 ANY_OBJECT = '{"type": "object"}'
 COMPILE_CACHE_BYTES = 64 * 1024 * 1024
 SEPARATORS = (",", ":")
+# xgrammar's log prefix ("[07:29:04] /project/cpp/json_schema_converter.cc:5088: ") and its C++ check
+# ("Check failed: (val <= MAX) is false: "): its source, not the user's schema
+NOISE = re.compile(r"^(\[[\d:]+\] \S+:\d+: )?(Check failed: .*? is false: )?")
 
 
 class Grammars:
@@ -48,8 +52,9 @@ class Grammars:
         try:
             compiled = self._compiler.compile_json_schema(schema, any_whitespace=False, separators=SEPARATORS)
         except Exception as exc:  # xgrammar raises RuntimeError (and its own types) with the reason
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise RequestRejected(f"response format: the JSON schema cannot be used: {reason}") from exc
+            raise RequestRejected(
+                f"response format: the JSON schema cannot be used: {reason_of(exc)}"
+            ) from exc
         return xgr.GrammarMatcher(compiled)
 
     def allowed(self, matchers: list[Any | None], device: torch.device) -> list[torch.Tensor | None]:
@@ -67,6 +72,13 @@ class Grammars:
         for k, i in enumerate(rows):
             out[i] = masks[k]
         return out
+
+
+def reason_of(exc: Exception) -> str:
+    """xgrammar's reason for refusing a schema, as the user may read it: its last line, without the
+    C++ source it names."""
+    reason = NOISE.sub("", (str(exc).strip().splitlines() or [""])[-1], count=1)
+    return reason.strip() or type(exc).__name__
 
 
 class LazyGrammars:

@@ -1,6 +1,7 @@
 """OpenAI's Batch API on the durable queue, through the official ``openai`` client: a batch of 200
 chat requests ends with 200 results equal to the same requests sent one by one; a batch goes on
-through a SIGKILL of the inference worker; a cancelled batch stops and says what it never ran."""
+through a SIGKILL of the inference worker; a cancelled batch stops and says what it never ran; a
+line the driver cannot start or collect fails alone."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ def request(i: int) -> dict[str, Any]:
 
 
 def upload(client: openai.OpenAI, count: int) -> str:
-    lines = "\n".join(json.dumps(request(i)) for i in range(count)).encode()
-    return client.files.create(file=("batch.jsonl", io.BytesIO(lines)), purpose="batch").id
+    return upload_lines(client, [json.dumps(request(i)) for i in range(count)])
+
+
+def upload_lines(client: openai.OpenAI, lines: list[str]) -> str:
+    data = "\n".join(lines).encode()
+    return client.files.create(file=("batch.jsonl", io.BytesIO(data)), purpose="batch").id
 
 
 def wait_for_batch(client: openai.OpenAI, batch_id: str, timeout_s: float = 240) -> Any:
@@ -135,3 +140,62 @@ def test_bad_batch_input_is_refused_at_upload(service_stack: ServiceStack) -> No
         client.files.create(file=("b.jsonl", io.BytesIO(bad)), purpose="batch")
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_" + "0" * 32)
+
+
+def deep_schema_line(i: int, levels: int) -> str:
+    """A line whose schema nests ``levels`` deep, as JSON text (deeper than Python's encoder goes)."""
+    schema = '{"type":"array","items":' * levels + '{"type":"string"}' + "}" * levels
+    line = request(i)
+    line["body"]["response_format"] = {"type": "json_schema", "json_schema": {"name": "d", "schema": {}}}
+    return json.dumps(line).replace('"schema": {}', f'"schema": {schema}')
+
+
+def test_a_line_that_cannot_start_fails_alone(service_stack: ServiceStack) -> None:
+    """A line whose schema nests 200 deep once made every pass of the driver fail (a RecursionError)
+    and the batch stayed in progress for ever; now it is a 400 of its own. A line that trips over
+    something unforeseen (here a stored body no upload takes: not an object) fails alone too."""
+    client = openai_client(service_stack)
+    lines = [json.dumps(request(0)), deep_schema_line(1, 200), json.dumps(request(2)), json.dumps(request(3))]
+    file_id = upload_lines(client, lines)
+    unforeseen = {**request(2), "body": ["not", "an", "object"]}
+    service_stack.redis.lset(service_stack.keys.file_lines(file_id), 2, json.dumps(unforeseen))
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait_for_batch(client, batch.id, 120)
+    assert done.status == "completed" and done.request_counts, done
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+    assert set(results(client, done.output_file_id)) == {"req-0", "req-3"}
+    errors = {cid: line["error"] for cid, line in results(client, done.error_file_id).items()}
+    assert errors["req-1"]["code"] == "invalid_response_format", errors
+    assert "nests deeper than 32 levels" in errors["req-1"]["message"]
+    assert errors["req-2"]["code"] == "internal" and "internal error" in errors["req-2"]["message"]
+
+
+def test_a_job_record_that_cannot_be_read_fails_its_line_alone(
+    stack_factory: Callable[..., ServiceStack],
+) -> None:
+    """A started line's job record this release cannot read (here: an unknown status) fails that line;
+    the batch still ends (nothing runs the jobs here: it is cancelled)."""
+    stack = stack_factory(components=("gateway",), extra_env={"VLMQ_BATCH_INFLIGHT": "2"})
+    client = openai_client(stack)
+    batch = client.batches.create(
+        input_file_id=upload(client, 3), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    inflight = stack.keys.batch_inflight(batch.id)
+    wait_until(lambda: stack.redis.hlen(inflight) == 2)
+    job_id = stack.redis.hget(inflight, "0").decode()
+    stack.redis.hset(stack.keys.job(job_id), "status", "no-such-status")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.failed == 1)  # type: ignore[union-attr]
+    client.batches.cancel(batch.id)
+    done = wait_for_batch(client, batch.id, 60)
+    assert done.status == "cancelled", done
+    errors = {cid: line["error"] for cid, line in results(client, done.error_file_id).items()}
+    assert set(errors) == {"req-0", "req-1", "req-2"} and errors["req-0"]["code"] == "internal", errors
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)

@@ -14,7 +14,7 @@ import xgrammar as xgr
 from bench.common import draw_image, image_input
 from services.engine import GenerationRequest, RequestRejected, SamplingParams
 from services.engine.api import StructuredOutput
-from services.engine.grammar import ANY_OBJECT, SEPARATORS
+from services.engine.grammar import ANY_OBJECT, SEPARATORS, reason_of
 from tests.services.engine.reference import assert_greedy_match, reference, run_all, tokens_of, user
 
 COLOURS = ["red", "green", "blue", "yellow", "orange", "purple", "pink", "cyan"]
@@ -141,5 +141,20 @@ def test_a_schema_that_does_not_compile_is_rejected(bundled, make_engine, schema
         [],
         SamplingParams(structured=StructuredOutput("json_schema", schema)),
     )
-    with pytest.raises(RequestRejected, match="schema"):
+    with pytest.raises(RequestRejected, match="schema") as info:
         engine.submit(req, lambda _e: None)
+    assert ".cc:" not in str(info.value) and "Check failed" not in str(info.value), info.value
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ('{"$ref": "#/$defs/missing"}', "Cannot find field '$defs' in #/$defs/missing"),
+        ('{"type": "integer", "maximum": 1e20}', "Integer exceeds maximum limit"),
+    ],
+)
+def test_the_reason_names_no_cpp_source(schema, reason):
+    """xgrammar's message starts with its log time and C++ source, and may hold a failed check."""
+    with pytest.raises(RuntimeError, match=r"\.cc:\d+: ") as info:
+        xgr.Grammar.from_json_schema(schema)
+    assert reason_of(info.value) == reason
