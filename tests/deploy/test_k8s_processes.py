@@ -88,7 +88,9 @@ def write_heartbeat(client: redis.Redis, keys: Keys, *, healthy: bool, stopping:
         task_events=TaskEvents(settings, POD),  # off by default: publishes nothing
         healthy=healthy,
         writer=SimpleNamespace(error=None if healthy else "boom", events=0, flushes=0),
-        engine=SimpleNamespace(last_error=None, stats=lambda: SimpleNamespace(to_dict=dict)),
+        engine=SimpleNamespace(
+            last_error=None, config=SimpleNamespace(device="cpu"), stats=lambda: SimpleNamespace(to_dict=dict)
+        ),
         _run_ids=list,
         image_inputs=ImageInputCache(0),
         capacity=16,

@@ -1,19 +1,21 @@
 """The Batch API's lists and files through the official client: pages that follow ``has_more``
 and ``after`` in creation order, files listed and deleted, an input file kept while its batch runs.
-No worker runs here: the batches stay in progress, which is all these tests need."""
+No worker runs here: the batches stay in progress, which is all these tests need. Their jobs, never
+run, stay in the queues: a gateway of this module's own keeps them from the other tests'."""
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support.stack import ServiceStack
+from tests.gateway.conftest import GATEWAY_ENV
+from tests.support.stack import ServiceStack, running
 
 LINE = {
     "custom_id": "only",
@@ -21,6 +23,16 @@ LINE = {
     "url": "/v1/chat/completions",
     "body": {"model": "vlmq-tiny", "messages": [{"role": "user", "content": "What colour?"}]},
 }
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    """This module's own gateway (its own key prefix), in place of the shared one."""
+    stack = ServiceStack(
+        redis_url, tmp_path_factory.mktemp("batch-gateway"), extra_env=GATEWAY_ENV, components=("gateway",)
+    )
+    with running(stack, timeout_s=60):
+        yield stack
 
 
 @pytest.fixture
