@@ -69,6 +69,9 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
+FASTAPI_BODY_ERROR = "There was an error parsing the body"  # FastAPI's 400 when json.loads raises oddly
+
+
 def json_error_message(error: dict[str, Any]) -> str:
     """FastAPI's ``json_invalid`` error (its ``loc``: ("body", character offset)) as one line."""
     where = [p for p in error.get("loc", ()) if isinstance(p, int)]
@@ -95,6 +98,11 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, HTTPException)
         _count(request, exc.status_code)
         body = error_body(exc.status_code, str(exc.detail))
+        if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:  # its reader gave up on the JSON
+            deep = isinstance(exc.__cause__, RecursionError)
+            body = error_body(
+                400, "body is nested too deeply" if deep else "body could not be read", code="bad_json"
+            )
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
