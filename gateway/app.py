@@ -95,9 +95,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 def answer_head(router: APIRouter) -> None:
     """HEAD wherever GET answers (RFC 9110 9.3.2; uptime checks and load balancers send it):
     Starlette's own routes do so, FastAPI's do not. The server sends the headers, no body."""
-    for route in router.routes:
-        if isinstance(route, APIRoute) and route.methods and "GET" in route.methods:
-            route.methods.add("HEAD")
+    gets = [r for r in router.routes if isinstance(r, APIRoute) and r.methods and "GET" in r.methods]
+    for route in gets:  # a route of its own: one operation id a GET in the OpenAPI schema
+        path = route.path.removeprefix(router.prefix)
+        router.add_api_route(path, route.endpoint, methods=["HEAD"], include_in_schema=False)
 
 
 def create_metrics_app(main: FastAPI) -> Starlette:

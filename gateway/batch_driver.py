@@ -140,7 +140,9 @@ class BatchDriver:
                 raise
             except Exception:  # a record this release cannot read: that line fails, not the batch
                 log.exception("batch %s: line %s could not be collected", batch.id, as_str(line_no))
-                result = _internal_error_line(await self._custom_id(batch, int(line_no)), as_str(job_id))
+                result = _internal_error_line(
+                    await self._custom_id_if_any(batch, int(line_no)), as_str(job_id)
+                )
             if result is not None:
                 await self._record_result(batch, as_str(line_no), result)
 
@@ -162,6 +164,15 @@ class BatchDriver:
     async def _custom_id(self, batch: Batch, line_no: int) -> str:
         return str((await self._line(batch, line_no))["custom_id"])
 
+    async def _custom_id_if_any(self, batch: Batch, line_no: int) -> str | None:
+        """The line's custom_id for an error line, or None where the line itself cannot be read."""
+        try:
+            return await self._custom_id(batch, line_no)
+        except redis.RedisError:
+            raise
+        except Exception:  # the input file gone (deleted or expired): the error line says the rest
+            return None
+
     async def _record_result(self, batch: Batch, line_no: str, result: tuple[str, str]) -> None:
         kind, text = result
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -179,7 +190,14 @@ class BatchDriver:
             await self.redis.hset(self.keys.batch(batch.id), "next", batch.next_line)
 
     async def start_line(self, batch: Batch, line_no: int) -> bool:
-        request = await self._line(batch, line_no)
+        try:
+            request = await self._line(batch, line_no)
+        except redis.RedisError:
+            raise
+        except Exception:  # the input file gone (expired): this line fails, the batch goes on
+            log.exception("batch %s: line %d could not be read", batch.id, line_no)
+            await self._record_result(batch, str(line_no), _internal_error_line(None))
+            return True
         try:
             job_id = await self._submit(request["body"], batch.tenant)
         except APIError as exc:

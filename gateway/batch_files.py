@@ -136,11 +136,9 @@ async def delete_file(state: GatewayState, file_id: str, tenant: str | None) -> 
             param="file_id",
             code="file_in_use",
         )
-    keys = state.keys
-    async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.file(file_id), keys.file_lines(file_id))
-        pipe.zrem(keys.tenant_files(tenant), file_id)
-        await pipe.execute()
+    # Its id stays in the tenant's list (which lists only ids with a record, and expires): a client
+    # that deletes what it pages through still pages on from it (``after``).
+    await state.redis.delete(state.keys.file(file_id), state.keys.file_lines(file_id))
 
 
 async def _batch_reading(state: GatewayState, file_id: str) -> str | None:

@@ -23,6 +23,7 @@ from shared.values import as_str
 
 WINDOW = re.compile(r"^(\d{1,4})h$")  # OpenAI: "24h"; vlmq takes any whole number of hours
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
+FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}", re.ASCII)  # ours are file-<hex>; others are no file
 
 
 async def create_batch(state: GatewayState, tenant: str | None, body: dict[str, Any]) -> dict[str, Any]:
@@ -35,8 +36,8 @@ async def create_batch(state: GatewayState, tenant: str | None, body: dict[str, 
             400, "completion_window: a whole number of hours such as 24h", param="completion_window"
         )
     input_id = body.get("input_file_id")
-    if not isinstance(input_id, str) or not input_id:
-        raise APIError(400, "input_file_id: a file id (string) is required", param="input_file_id")
+    if not isinstance(input_id, str) or not FILE_ID.fullmatch(input_id):
+        raise APIError(400, "input_file_id: a file id (file-...) is required", param="input_file_id")
     if (await load_file(state, input_id, tenant))["purpose"] != "batch":
         raise APIError(400, "input_file_id: not a file uploaded with purpose batch", param="input_file_id")
     total = int(await state.redis.llen(state.keys.file_lines(input_id)))

@@ -88,14 +88,22 @@ def _count(request: Request, status: int) -> None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # The body never arrived whole (the client left, or sent broken chunked framing, which
+        # the server answered itself): the client's doing, 499 in the audit log, no traceback.
+        _count(request, 499)
+        return Response(status_code=499)
+
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         _count(request, exc.status_code)
         body = error_body(exc.status_code, exc.message, exc.param, exc.code)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's body reader wraps it in a 400
+            return await on_client_gone(request, exc.__cause__)
         _count(request, exc.status_code)
         body = error_body(exc.status_code, str(exc.detail))
         if exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:  # its reader gave up on the JSON
@@ -123,12 +131,6 @@ def install_error_handlers(app: FastAPI) -> None:
         _count(request, 503)
         body = error_body(503, "job store unavailable, retry shortly", code="redis_unavailable")
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
-
-    async def on_client_gone(request: Request, exc: Exception) -> Response:
-        # The body never arrived whole (the client left, or sent broken chunked framing, which
-        # the server answered itself): the client's doing, 499 in the audit log, no traceback.
-        _count(request, 499)
-        return Response(status_code=499)
 
     app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(APIError, on_api_error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.request_params import ID_PATTERN
 from shared.jobs import JobRecord
@@ -50,21 +50,29 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI knobs are accepted and ignored
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, strict=True)  # strict: `true` is not 1
-    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=0, strict=True)
-    seed: int | None = Field(None, ge=0, lt=2**63, strict=True)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     stream: bool = Field(False, strict=True)  # strict: "yes" is not true
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=ID_PATTERN)
     priority: Literal["interactive", "batch"] | None = None  # vlmq's: batch runs after interactive
-    min_tokens: int = Field(0, ge=0, strict=True)  # vLLM's extra sampling parameters
+    min_tokens: int = Field(0, ge=0)  # vLLM's extra sampling parameters
     ignore_eos: bool = Field(False, strict=True)
     response_format: dict[str, Any] | None = None  # checked by gateway.response_format
+
+    @field_validator("max_tokens", "max_completion_tokens", "top_k", "seed", "min_tokens", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        """JSON's ``true`` is not a count (Python's bool is an int); ``100.0`` still is."""
+        if isinstance(value, bool):
+            raise ValueError("Input should be a valid integer, not a boolean")
+        return value
 
 
 # OpenAI parameters vlmq does not implement, with the test that a value asks for them: sent with

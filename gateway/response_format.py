@@ -34,6 +34,7 @@ MAX_DEPTH = 32
 MAX_JSON_DEPTH = 2 * MAX_DEPTH + 4  # a schema level can take two JSON ones: properties -> name -> schema
 TOO_DEEP = f"json_schema.schema nests deeper than {MAX_DEPTH} levels"
 INT64 = (-(2**63), 2**63 - 1)  # the grammar's integers
+LOOSE_MAX_LENGTH = 2048  # pydantic's HttpUrl: 2083; beside a format, not enforced by the grammar
 DECIMALS = 6  # the most a number between two bounds gets from the grammar
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated"}
@@ -272,16 +273,28 @@ def _check_values(schema: dict[str, Any], where: str) -> None:
 
 
 def _check_strings(schema: dict[str, Any], where: str) -> None:
-    """The grammar holds a string to one of: a pattern, a format, lengths."""
+    """The grammar holds a string to one of: a pattern, a format, lengths. Beside a format, lengths
+    that cannot bind are let through (pydantic's URL types carry both): a ``minLength`` of at most 1
+    (no format matches the empty string) and a ``maxLength`` of ``LOOSE_MAX_LENGTH`` or more, which
+    the grammar does not enforce (README "Structured output")."""
     if schema.get("type") is not None and "string" not in _types(schema):
         return
+    loose = "format" in schema and "pattern" not in schema
     used = [k for k in ("pattern", "format", "minLength", "maxLength") if k in schema]
+    if loose:
+        used = [k for k in used if not _loose_length(k, schema[k])]
     if used and used[0] in ("pattern", "format") and len(used) > 1:
         _refuse(
             f"json_schema.schema: '{used[0]}' and '{used[1]}' at '{where}' cannot be combined: the "
             f"grammar enforces only the {used[0]}",
             "response_format",
         )
+
+
+def _loose_length(keyword: str, value: Any) -> bool:
+    if keyword == "minLength":
+        return _whole(value) and value <= 1
+    return keyword == "maxLength" and _whole(value) and value >= LOOSE_MAX_LENGTH
 
 
 def _check_counts(schema: dict[str, Any], where: str) -> None:

@@ -76,6 +76,16 @@ async def test_files_are_listed_and_deleted(oai: openai.AsyncOpenAI, client: htt
     assert (await client.delete(f"/v1/files/{dropped}")).status_code == 404
 
 
+async def test_a_client_deleting_what_it_pages_through_pages_on(oai: openai.AsyncOpenAI) -> None:
+    """The usual clean-up loop: the next page starts after a file just deleted."""
+    made = {await upload(oai) for _ in range(3)}
+    async for listed in oai.files.list(limit=1):
+        if listed.id in made:
+            await oai.files.delete(listed.id)
+            made.discard(listed.id)
+    assert not made
+
+
 async def test_the_input_of_an_unfinished_batch_is_not_deleted(oai: openai.AsyncOpenAI) -> None:
     input_id = await upload(oai)
     batch = await oai.batches.create(

@@ -365,3 +365,21 @@ async def test_an_unknown_websocket_message_type_is_named(gateway: ServiceStack)
         await ws.send(json.dumps({"type": "bogus"}))
         reply = json.loads(await ws.recv())
     assert reply["code"] == "unknown_message_type" and reply["param"] == "type" and "bogus" in reply["error"]
+
+
+async def test_a_client_leaving_mid_body_is_a_499(gateway: ServiceStack) -> None:
+    """FastAPI's body reader wraps the disconnect in a 400; the audit log says the client left."""
+    host, port = gateway.base_url.removeprefix("http://").split(":")
+    logged_before = len(gateway.procs["gateway"].log())
+    _reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    writer.write((head + 'Content-Length: 5000\r\n\r\n{"model": "x", "mess').encode())
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.close()
+    for _ in range(50):  # the gateway notices the close, then logs
+        await asyncio.sleep(0.1)
+        log = gateway.procs["gateway"].log()[logged_before:]
+        if "route=/v1/chat/completions" in log:
+            break
+    assert "route=/v1/chat/completions status=499" in log, log[-2000:]

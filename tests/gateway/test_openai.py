@@ -300,6 +300,19 @@ async def test_image_urls_of_other_schemes_are_named(
     assert resp.status_code == 400 and words in resp.json()["error"]["message"], resp.text
 
 
+async def test_a_whole_float_is_a_count(
+    oai: openai.AsyncOpenAI, gateway: ServiceStack, fake_worker: list[str]
+) -> None:
+    """``max_tokens: 100.0`` (a client that divided) is 100, as before; only booleans are refused."""
+    args: Any = {
+        "model": gateway.settings.model_name,
+        "messages": [user_turn("What shape?")],
+        "max_tokens": 100.0,
+    }
+    resp = await oai.chat.completions.create(**args, extra_headers={"Cache-Control": "no-cache"})
+    assert resp.choices[0].message.content == "A blue circle."
+
+
 async def test_a_body_that_is_not_json_is_a_400(client: httpx.AsyncClient) -> None:
     headers = {"content-type": "application/json"}
     resp = await client.post("/v1/chat/completions", content=b'{"model": "m", "messages": [', headers=headers)

@@ -198,6 +198,14 @@ GOOD = [
     {"type": "number", "minimum": 1.000001, "maximum": 1.000002},
     {"type": ["string", "null"], "minLength": 1, "maxLength": 1},
     {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+    {  # pydantic's HttpUrl and Optional[AnyUrl]: lengths beside a format that cannot bind
+        "type": "object",
+        "properties": {
+            "site": {"format": "uri", "maxLength": 2083, "minLength": 1, "type": "string"},
+            "other": {"anyOf": [{"format": "uri", "minLength": 1, "type": "string"}, {"type": "null"}]},
+        },
+        "required": ["site"],
+    },
 ]
 
 
