@@ -27,13 +27,20 @@ GATEWAY_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+def gateway_only(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[ServiceStack]:
+    """A gateway on its own key prefix, with this suite's limits, for as long as the fixture lives."""
     stack = ServiceStack(
-        redis_url, tmp_path_factory.mktemp("gateway"), extra_env=GATEWAY_ENV, components=("gateway",)
+        redis_url, tmp_path_factory.mktemp(name), extra_env=GATEWAY_ENV, components=("gateway",)
     )
     with running(stack, timeout_s=60):
         yield stack
+
+
+@pytest.fixture(scope="session")
+def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    yield from gateway_only(redis_url, tmp_path_factory, "gateway")
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import GATEWAY_ENV
-from tests.support.stack import ServiceStack, running
+from tests.gateway.conftest import gateway_only
+from tests.support.stack import ServiceStack
 
 LINE = {
     "custom_id": "only",
@@ -28,11 +28,7 @@ LINE = {
 @pytest.fixture(scope="module")
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     """This module's own gateway (its own key prefix), in place of the shared one."""
-    stack = ServiceStack(
-        redis_url, tmp_path_factory.mktemp("batch-gateway"), extra_env=GATEWAY_ENV, components=("gateway",)
-    )
-    with running(stack, timeout_s=60):
-        yield stack
+    yield from gateway_only(redis_url, tmp_path_factory, "batch-gateway")
 
 
 @pytest.fixture

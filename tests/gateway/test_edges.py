@@ -333,20 +333,33 @@ async def test_head_answers_wherever_get_does(client: httpx.AsyncClient, path: s
     assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
 
 
-async def test_broken_chunked_framing_is_the_clients_fault(gateway: ServiceStack) -> None:
-    """A body whose chunked framing breaks never arrives whole: the server answers 400 and the
-    gateway logs no 500 with a traceback (it was "Exception in ASGI application")."""
+async def raw_post(gateway: ServiceStack, path: str, rest: str, answered: bool) -> tuple[bytes, str]:
+    """POST ``path`` over a bare socket (headers, then ``rest``), as no HTTP client would send it:
+    the status line (b"" where ``answered`` is False: the socket is closed at once) and what the
+    gateway logged about it (its audit line)."""
     host, port = gateway.base_url.removeprefix("http://").split(":")
     logged_before = len(gateway.procs["gateway"].log())
     reader, writer = await asyncio.open_connection(host, int(port))
-    head = f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-    writer.write((head + "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n").encode())
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    writer.write((head + rest).encode())
     await writer.drain()
-    status_line = await asyncio.wait_for(reader.readline(), 10)
+    status_line = await asyncio.wait_for(reader.readline(), 10) if answered else b""
+    await asyncio.sleep(0.2)
     writer.close()
+    for _ in range(50):  # the gateway's audit line comes after the answer, or after it sees the close
+        log = gateway.procs["gateway"].log()[logged_before:]
+        if f"route={path} " in log:
+            break
+        await asyncio.sleep(0.1)
+    return status_line, log
+
+
+async def test_broken_chunked_framing_is_the_clients_fault(gateway: ServiceStack) -> None:
+    """A body whose chunked framing breaks never arrives whole: the server answers 400 and the
+    gateway logs no 500 with a traceback (it was "Exception in ASGI application")."""
+    broken = "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    status_line, log = await raw_post(gateway, "/v1/jobs", broken, answered=True)
     assert b" 400 " in status_line
-    await asyncio.sleep(0.3)  # the gateway's log line comes after the answer
-    log = gateway.procs["gateway"].log()[logged_before:]
     assert "route=/v1/jobs status=499" in log
     assert "Exception in ASGI application" not in log and "status=500" not in log
 
@@ -369,17 +382,6 @@ async def test_an_unknown_websocket_message_type_is_named(gateway: ServiceStack)
 
 async def test_a_client_leaving_mid_body_is_a_499(gateway: ServiceStack) -> None:
     """FastAPI's body reader wraps the disconnect in a 400; the audit log says the client left."""
-    host, port = gateway.base_url.removeprefix("http://").split(":")
-    logged_before = len(gateway.procs["gateway"].log())
-    _reader, writer = await asyncio.open_connection(host, int(port))
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-    writer.write((head + 'Content-Length: 5000\r\n\r\n{"model": "x", "mess').encode())
-    await writer.drain()
-    await asyncio.sleep(0.2)
-    writer.close()
-    for _ in range(50):  # the gateway notices the close, then logs
-        await asyncio.sleep(0.1)
-        log = gateway.procs["gateway"].log()[logged_before:]
-        if "route=/v1/chat/completions" in log:
-            break
+    partial = 'Content-Length: 5000\r\n\r\n{"model": "x", "mess'
+    _, log = await raw_post(gateway, "/v1/chat/completions", partial, answered=False)
     assert "route=/v1/chat/completions status=499" in log, log[-2000:]
